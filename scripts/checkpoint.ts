@@ -1,0 +1,84 @@
+// npm run checkpoint -w @pi/course -- [NN] [--diff] [--checkout DIR]
+// Prints the checkpoint card (ids, files, labs, first red, commands); builds the teaching history on demand.
+import fs from "fs-extra";
+import { CourseError, main, rejectUnknownOptions, takeFlag, takeOption } from "./model/cli.js";
+import { type Checkpoint, chapterNumber, findCheckpoint, loadCheckpoints } from "./model/manifest.js";
+import { type HistoryInfo, diffText, ensureHistory, materialize } from "./model/history.js";
+import { ROOT, isInside, resolveFromCaller } from "./model/paths.js";
+
+const USAGE = "用法：npm run checkpoint -w @pi/course -- <章节 00..NN> [--diff] [--checkout 目录]";
+
+function chapterList(checkpoints: Checkpoint[]): string {
+  const lines = ["pi-course 的章节（npm run checkpoint -w @pi/course -- NN 查看一章）：", ""];
+  for (const c of checkpoints) {
+    const tests = c.labs.reduce((sum, lab) => sum + lab.count, 0);
+    lines.push(`  ${c.id}  ${c.mode}  ${c.title}（${c.labs.length} 个 lab，${tests} 项测试）`);
+  }
+  return lines.join("\n");
+}
+
+function card(c: Checkpoint, info: HistoryInfo): string {
+  const ids = info.chapters.get(c.id)!;
+  const n = chapterNumber(c);
+  const previous = String(Number(c.id) - 1).padStart(2, "0");
+  const total = c.labs.reduce((sum, lab) => sum + lab.count, 0);
+  const lines = [
+    `Checkpoint ${c.id} · ${c.title}`,
+    "",
+    `模式：${c.mode}${Object.entries(c.fileModes).map(([file, mode]) => `（${file.split("/").pop()}：${mode}）`).join("")}`,
+    `parent：${ids.parent}  ${c.id === "00" ? "course/base（课程起点）" : `course/${previous}（第 ${previous} 章的终点）`}`,
+    `target：${ids.target}  course/${c.id}（${c.subject}）`,
+    `教学文件：${c.teachingFiles.join("、")}`,
+    c.starters.length === 0
+      ? "学习脚手架：无（观察模式：练习目录就是 target）"
+      : `学习脚手架：\n${c.starters.map((s) => `  ${s.source} → ${s.destination}：${s.description}`).join("\n")}`,
+    `聚焦测试：${c.focusedTest}`,
+    "Labs：",
+    ...c.labs.map((lab) => `  Lab ${lab.id} · ${lab.title}（${lab.count} 项）`),
+    `  合计 ${total} 项`,
+    `第一次红灯：${c.firstRed}`,
+    `故障练习：${c.faults.map((f) => `${f.id}（Lab ${f.lab}）`).join("、")}`,
+    "",
+    "命令：",
+    `  npm run checkpoint -w @pi/course -- ${c.id} --diff        # 先预测本章改了什么，再看 target 的教学文件差异`,
+    `  npm run practice -w @pi/course -- ${c.id} ../pi-practice-${c.id}`,
+    `  cd ../pi-practice-${c.id} && npm install`,
+    "  npm run build -w @pi/course",
+    `  node --test --test-name-pattern="Lab ${n}.1" packages/pi-course/dist/test/${c.id}-*.test.js`,
+    `  npm run lab -w @pi/course -- ${n}.1                 # 同上，锚定匹配并逐条说明失败`,
+    `  npm run lab -w @pi/course -- ${n}                   # 全章验收：chapter total ${total}/${total}`,
+    `  npm run fault -w @pi/course -- ${c.id} ${c.faults[0]!.id}`,
+    "",
+    `讲义：${c.guide}`,
+  ];
+  return lines.join("\n");
+}
+
+await main(async (args) => {
+  const showDiff = takeFlag(args, "--diff");
+  const checkoutArg = takeOption(args, "--checkout");
+  rejectUnknownOptions(args);
+  const checkpoints = loadCheckpoints();
+  if (args.length === 0 && !showDiff && checkoutArg === undefined) {
+    console.log(chapterList(checkpoints));
+    return 0;
+  }
+  if (args.length !== 1) throw new CourseError(USAGE, 2);
+  const c = findCheckpoint(checkpoints, args[0], USAGE);
+  const info = await ensureHistory(checkpoints, { log: console.log });
+  const ids = info.chapters.get(c.id)!;
+  if (checkoutArg !== undefined) {
+    const dest = resolveFromCaller(checkoutArg);
+    if (isInside(dest, ROOT)) throw new CourseError(`目标目录不能位于课程仓库之内：${dest}`, 2);
+    if (fs.existsSync(dest) && fs.readdirSync(dest).length > 0) throw new CourseError(`目标目录已存在且不为空：${dest}`, 2);
+    await materialize(info.dir, ids.target, dest);
+    console.log(`已把 checkpoint ${c.id} 的 target（${ids.target}）写到 ${dest}`);
+    return 0;
+  }
+  console.log(card(c, info));
+  if (showDiff) {
+    console.log(`\n---- git diff ${ids.parent.slice(0, 12)} ${ids.target.slice(0, 12)} -- 教学文件 ----\n`);
+    console.log(await diffText(info.dir, ids.parent, ids.target, c.teachingFiles));
+  }
+  return 0;
+});

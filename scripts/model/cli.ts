@@ -1,0 +1,44 @@
+// Small shared pieces for command-line entry points: one clear line on refusal, a non-zero exit.
+export class CourseError extends Error {
+  constructor(message: string, readonly exitCode = 1) {
+    super(message);
+    this.name = "CourseError";
+  }
+}
+
+/** Runs a command body; a CourseError becomes one line on stderr and its exit code, anything else a stack. */
+export async function main(body: (args: string[]) => Promise<number | void>): Promise<void> {
+  try {
+    const code = await body(process.argv.slice(2));
+    process.exitCode = typeof code === "number" ? code : 0;
+  } catch (error) {
+    if (error instanceof CourseError) {
+      console.error(error.message);
+      process.exitCode = error.exitCode;
+    } else {
+      console.error(error instanceof Error ? (error.stack ?? error.message) : String(error));
+      process.exitCode = 1;
+    }
+  }
+}
+
+export function takeFlag(args: string[], flag: string): boolean {
+  const index = args.indexOf(flag);
+  if (index < 0) return false;
+  args.splice(index, 1);
+  return true;
+}
+
+export function takeOption(args: string[], option: string): string | undefined {
+  const index = args.indexOf(option);
+  if (index < 0) return undefined;
+  const value = args[index + 1];
+  if (value === undefined || value.startsWith("--")) throw new CourseError(`${option} 后面需要一个值`, 2);
+  args.splice(index, 2);
+  return value;
+}
+
+export function rejectUnknownOptions(args: string[]): void {
+  const unknown = args.find((arg) => arg.startsWith("--"));
+  if (unknown) throw new CourseError(`不认识的选项：${unknown}`, 2);
+}

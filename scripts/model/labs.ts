@@ -1,0 +1,79 @@
+// One lab run as data: build, run the focused test file with an anchored pattern, group the outcomes by lab.
+import path from "node:path";
+import fs from "fs-extra";
+import { CourseError } from "./cli.js";
+import { type Lab, labPattern } from "./manifest.js";
+import { PACKAGE_DIR, inTree } from "./paths.js";
+import { type TestOutcome, buildPackage, compiledTest, labOf, runTests } from "./tests.js";
+
+export interface ChapterSpec { id: string; focusedTest?: string; labs?: Lab[] }
+
+export interface LabVerdict { lab: string; expected?: number; passed: number; ran: number; outcomes: TestOutcome[] }
+export interface LabReport { file: string; verdicts: LabVerdict[]; buildMs: number; testMs: number; ok: boolean }
+
+/** Compiled focused test of a chapter: from the spec when known, else the `NN-*.test.js` file in dist. */
+export function focusedCompiled(root: string, spec: ChapterSpec): string {
+  if (spec.focusedTest) return compiledTest(spec.focusedTest);
+  const dir = inTree(root, `${PACKAGE_DIR}/dist/test`);
+  const match = fs.existsSync(dir) ? fs.readdirSync(dir).find((name) => name.startsWith(`${spec.id}-`) && name.endsWith(".test.js")) : undefined;
+  if (!match) throw new CourseError(`找不到第 ${spec.id} 章的聚焦测试（${PACKAGE_DIR}/dist/test/${spec.id}-*.test.js）。`);
+  return `${PACKAGE_DIR}/dist/test/${match}`;
+}
+
+/**
+ * Builds the package in `root` and runs one lab (`lab` = "13.1") or the whole chapter (`lab` undefined).
+ * Zero matched tests is an error, never a green run.
+ */
+export async function runLab(root: string, spec: ChapterSpec, lab?: string): Promise<LabReport> {
+  const build = await buildPackage(root);
+  if (!build.ok) {
+    throw new CourseError(`构建失败（tsc）：先修好下面的类型错误，再重新运行。\n${build.output.trim().split("\n").slice(0, 30).join("\n")}`);
+  }
+  const file = focusedCompiled(root, spec);
+  if (!fs.existsSync(inTree(root, file))) throw new CourseError(`构建后仍找不到 ${file}。`);
+  const known = spec.labs?.map((l) => l.id);
+  if (lab && known && !known.includes(lab))
+    throw new CourseError(`第 ${spec.id} 章没有 Lab ${lab}；本章的 lab：${known.join("、")}`, 2);
+  const started = Date.now();
+  const outcomes = await runTests(root, [file], lab ? { patterns: [labPattern(lab)] } : {});
+  const testMs = Date.now() - started;
+  const crashed = outcomes.filter((o) => labOf(o.name) === undefined && !o.passed);
+  if (crashed.length > 0)
+    throw new CourseError(`测试文件没能运行完：${path.basename(file)}\n${crashed.map((o) => o.error).join("\n").split("\n").slice(0, 20).join("\n")}`);
+  const ids = lab ? [lab] : (known ?? [...new Set(outcomes.map((o) => labOf(o.name)!))].sort(compareLab));
+  const verdicts = ids.map((id): LabVerdict => {
+    const mine = outcomes.filter((o) => labOf(o.name) === id);
+    const expected = spec.labs?.find((l) => l.id === id)?.count;
+    return { lab: id, ...(expected === undefined ? {} : { expected }), passed: mine.filter((o) => o.passed).length, ran: mine.length, outcomes: mine };
+  });
+  const total = verdicts.reduce((sum, v) => sum + v.ran, 0);
+  const ok = total > 0 && verdicts.every((v) => v.ran > 0 && v.passed === v.ran && (v.expected === undefined || v.ran === v.expected));
+  return { file, verdicts, buildMs: build.ms, testMs, ok };
+}
+
+export function compareLab(a: string, b: string): number {
+  const [a1, a2] = a.split(".").map(Number) as [number, number];
+  const [b1, b2] = b.split(".").map(Number) as [number, number];
+  return a1 - b1 || a2 - b2;
+}
+
+/** Human-readable report: `Lab 13.1: 0/2` lines with the first failure of each red test, then the chapter total. */
+export function formatLabReport(report: LabReport, whole: boolean): string {
+  const lines: string[] = [];
+  for (const v of report.verdicts) {
+    const denominator = v.expected ?? v.ran;
+    lines.push(`Lab ${v.lab}: ${v.passed}/${denominator}`);
+    if (v.ran === 0) lines.push(`  ✗ 没有匹配到任何测试：测试标题必须以 "Lab ${v.lab} · " 开头。`);
+    else if (v.expected !== undefined && v.ran !== v.expected) lines.push(`  ✗ 清单说 Lab ${v.lab} 有 ${v.expected} 个测试，实际运行了 ${v.ran} 个。`);
+    for (const o of v.outcomes.filter((x) => !x.passed)) {
+      lines.push(`  ✗ ${o.name}`);
+      for (const line of o.error.split("\n").filter((l) => l.trim() !== "").slice(0, 4)) lines.push(`      ${line}`);
+    }
+  }
+  if (whole) {
+    const passed = report.verdicts.reduce((sum, v) => sum + v.passed, 0);
+    const expected = report.verdicts.reduce((sum, v) => sum + (v.expected ?? v.ran), 0);
+    lines.push(`chapter total: ${passed}/${expected}`);
+  }
+  return lines.join("\n");
+}

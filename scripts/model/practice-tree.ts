@@ -1,0 +1,142 @@
+// What a practice folder holds: the parent tree (the target for 观察), the chapter's focused test and fixtures from
+// the target, the starters laid over the teaching files, the lab runner, and a LEARNING.md. No history, no answer.
+import path from "node:path";
+import fs from "fs-extra";
+import { type Checkpoint, chapterNumber } from "./manifest.js";
+import { type HistoryInfo, materialize, showFile } from "./history.js";
+import { PRACTICE_MANIFEST, ROOT, inTree } from "./paths.js";
+
+/** What `lab` needs to know inside a practice folder (nothing here reveals the solution). */
+export interface PracticeManifest {
+  id: string;
+  title: string;
+  mode: string;
+  parent: string;
+  target: string;
+  focusedTest: string;
+  teachingFiles: string[];
+  labs: Checkpoint["labs"];
+  firstRed: string;
+}
+
+/** Harness files a practice folder needs so that `npm run lab` works there. */
+const HARNESS = ["scripts", "package-lock.json"];
+
+export function practiceManifest(c: Checkpoint, info: HistoryInfo): PracticeManifest {
+  const ids = info.chapters.get(c.id)!;
+  return {
+    id: c.id, title: c.title, mode: c.mode, parent: ids.parent, target: ids.target, focusedTest: c.focusedTest,
+    teachingFiles: c.teachingFiles, labs: c.labs, firstRed: c.firstRed,
+  };
+}
+
+/** Writes the practice tree into `dest`; `finalDir` is where it will live once renamed into place. */
+export async function writePracticeTree(c: Checkpoint, info: HistoryInfo, dest: string, finalDir = dest): Promise<void> {
+  const ids = info.chapters.get(c.id)!;
+  const observe = c.mode === "观察";
+  await materialize(info.dir, observe ? ids.target : ids.parent, dest);
+  if (!observe) {
+    for (const file of [c.focusedTest, ...c.fixtures]) {
+      await fs.outputFile(inTree(dest, file), await showFile(info.dir, ids.target, file));
+    }
+    for (const starter of c.starters) await fs.copy(inTree(ROOT, starter.source), inTree(dest, starter.destination));
+  }
+  for (const item of HARNESS) await fs.copy(inTree(ROOT, item), inTree(dest, item));
+  const rootPackage = JSON.parse(await fs.readFile(inTree(ROOT, "package.json"), "utf8")) as Record<string, unknown>;
+  rootPackage.scripts = {
+    build: "npm run build -w @pi/course",
+    lab: "tsx scripts/lab.ts",
+    test: "npm run build && node --test packages/pi-course/dist/test/*.test.js",
+  };
+  await fs.writeFile(inTree(dest, "package.json"), `${JSON.stringify(rootPackage, null, 2)}\n`);
+  await fs.writeFile(inTree(dest, ".gitignore"), "node_modules/\ndist/\n*.tsbuildinfo\n");
+  await fs.writeFile(inTree(dest, PRACTICE_MANIFEST), `${JSON.stringify(practiceManifest(c, info), null, 2)}\n`);
+  const guide = inTree(ROOT, c.guide);
+  if (fs.existsSync(guide)) await fs.copy(guide, inTree(dest, "GUIDE.md"));
+  await fs.writeFile(inTree(dest, "LEARNING.md"), learningText(c, info, finalDir));
+}
+
+export function learningText(c: Checkpoint, info: HistoryInfo, dest: string): string {
+  const ids = info.chapters.get(c.id)!;
+  const n = chapterNumber(c);
+  const observe = c.mode === "观察";
+  const previous = String(Number(c.id) - 1).padStart(2, "0");
+  const lines: string[] = [
+    `# 第 ${c.id} 章练习目录 · ${c.title}`,
+    "",
+    `- 模式：${c.mode}${Object.entries(c.fileModes).map(([file, mode]) => `（${path.posix.basename(file)}：${mode}）`).join("")}`,
+    c.id === "00"
+      ? `- 起点 parent：\`${ids.parent}\`（课程起点 course/base）`
+      : `- 起点 parent：\`${ids.parent}\`（第 ${previous} 章的终点，标签 course/${previous}）`,
+    `- 终点 target：\`${ids.target}\`（标签 course/${c.id}）`,
+    `- 聚焦测试：\`${c.focusedTest}\``,
+    "",
+    "这个目录是一个独立的 git 仓库，只有一个提交：没有教学历史，也没有另一份答案可以偷看。",
+    "",
+  ];
+  if (observe) {
+    lines.push("本章是观察模式：目录里就是 target 本身，没有要重建的文件。先读代码、预测输出，再运行测试验证你的预测。", "");
+  } else {
+    lines.push(
+      "源码来自 parent，再放入 target 的聚焦测试；教学文件已被学习脚手架替换。先让测试红，再一个 lab 一个 lab 地变绿。",
+      "",
+      "## 学习脚手架",
+      "",
+      ...c.starters.map((s) => `- \`${s.destination}\` ← \`${s.source}\`：${s.description}`),
+      "",
+      "脚手架保留了公共类型、导出名和方法签名，让聚焦测试能够编译；每个尚未实现的位置都会抛出",
+      "`Lab N.M … 尚未实现`。它不包含本章的实现：算法、状态迁移和边界处理都留给你。",
+      "",
+      "## 动手前只需知道",
+      "",
+      ...c.prerequisites.map((p) => `- ${p}`),
+      "",
+      "## 第一步",
+      "",
+      c.firstStep,
+      "",
+      "## 第一次红灯",
+      "",
+      "安装依赖并构建后，只运行第一个 lab，首个失败应当是：",
+      "",
+      "```text",
+      c.firstRed,
+      "```",
+      "",
+    );
+  }
+  lines.push(
+    "## Labs",
+    "",
+    "| Lab | 内容 | 测试数 |",
+    "|---|---|---|",
+    ...c.labs.map((lab) => `| ${lab.id} | ${lab.title} | ${lab.count} |`),
+    `| 合计 | | ${c.labs.reduce((sum, lab) => sum + lab.count, 0)} |`,
+    "",
+    "## 命令",
+    "",
+    "```bash",
+    "npm install",
+    "npm run build -w @pi/course",
+    `node --test --test-name-pattern="Lab ${n}.1" packages/pi-course/dist/test/${c.id}-*.test.js`,
+    `npm run lab -w @pi/course -- ${n}.1        # 同一件事：先构建，只跑 Lab ${n}.1（锚定匹配），逐条给出失败原因`,
+    `npm run lab -w @pi/course -- ${n}.1 --watch  # 保存文件后自动重跑`,
+    `npm run lab -w @pi/course -- ${n}          # 全章验收记录，最后一行是 chapter total`,
+    "```",
+    "",
+    "## 故障练习",
+    "",
+    "全章变绿后，回到课程仓库，把故障注入你自己的实现，看指定测试变红，再自动恢复：",
+    "",
+    "```bash",
+    ...c.faults.map((f) => `npm run fault -w @pi/course -- ${c.id} ${f.id} --dir ${dest}   # Lab ${f.lab}`),
+    "```",
+    "",
+    "章节讲义在 `GUIDE.md`。依赖可以复用课程仓库的版本，但不要把课程仓库里的实现复制进来。",
+    "",
+  );
+  return lines.join("\n");
+}
+
+/** Folder names that must never appear in a practice tree. */
+export const FORBIDDEN_IN_PRACTICE = [".history", "checkpoints", "starters"];

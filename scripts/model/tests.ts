@@ -1,0 +1,113 @@
+// Building the package and running node's test runner on it, with results as data.
+import { execFile } from "node:child_process";
+import { promisify } from "node:util";
+import path from "node:path";
+import { run } from "node:test";
+import fs from "fs-extra";
+import { PACKAGE_DIR, inTree } from "./paths.js";
+
+const exec = promisify(execFile);
+
+export interface BuildResult { ok: boolean; output: string; ms: number }
+
+/** `tsc -p packages/pi-course/tsconfig.json` in `root` (incremental: only what changed is rebuilt). */
+export async function buildPackage(root: string): Promise<BuildResult> {
+  const started = Date.now();
+  const tsc = findBin(root, "tsc");
+  try {
+    const { stdout, stderr } = await exec(process.execPath, [tsc, "-p", inTree(root, `${PACKAGE_DIR}/tsconfig.json`)], {
+      cwd: root, maxBuffer: 16 * 1024 * 1024,
+    });
+    return { ok: true, output: stdout + stderr, ms: Date.now() - started };
+  } catch (error) {
+    const e = error as { stdout?: string; stderr?: string; message: string };
+    return { ok: false, output: (e.stdout ?? "") + (e.stderr ?? "") || e.message, ms: Date.now() - started };
+  }
+}
+
+function findBin(root: string, name: string): string {
+  // The JS entry of the package binary, so it runs with this node whatever the PATH holds.
+  const candidates = [path.join(root, "node_modules", "typescript", "bin", name)];
+  for (let dir = root; ; dir = path.dirname(dir)) {
+    candidates.push(path.join(dir, "node_modules", "typescript", "bin", name));
+    if (path.dirname(dir) === dir) break;
+  }
+  const found = candidates.find((candidate) => fs.existsSync(candidate));
+  if (!found) throw new Error(`找不到 ${name}：先在仓库根目录运行 npm install。`);
+  return found;
+}
+
+export interface TestOutcome {
+  name: string;
+  file: string;
+  passed: boolean;
+  /** Failure text: the original error's message (and the assertion's view of it), never empty for a failure. */
+  error: string;
+}
+
+/** Compiled path of a test source: packages/pi-course/test/x.test.ts → packages/pi-course/dist/test/x.test.js. */
+export function compiledTest(repoPath: string): string {
+  return repoPath.replace(`${PACKAGE_DIR}/test/`, `${PACKAGE_DIR}/dist/test/`).replace(/\.ts$/, ".js");
+}
+
+/** Every compiled test file of the tree, sorted. */
+export function compiledTests(root: string): string[] {
+  const dir = inTree(root, `${PACKAGE_DIR}/dist/test`);
+  if (!fs.existsSync(dir)) return [];
+  return fs.readdirSync(dir).filter((name) => name.endsWith(".test.js")).sort()
+    .map((name) => `${PACKAGE_DIR}/dist/test/${name}`);
+}
+
+function errorText(error: unknown): string {
+  const parts: string[] = [];
+  let current: unknown = error;
+  for (let depth = 0; current && depth < 4; depth += 1) {
+    const e = current as { message?: unknown; code?: unknown; failureType?: unknown; cause?: unknown };
+    if (typeof e.message === "string" && e.message !== "" && !(e.code === "ERR_TEST_FAILURE" && e.cause)) parts.push(e.message);
+    if (e.failureType === "testTimeoutFailure") parts.push("测试超时");
+    current = e.cause;
+  }
+  return parts.join("\n") || String(error);
+}
+
+/**
+ * Runs test files with node's test runner and returns one outcome per top-level test that actually ran
+ * (tests filtered out by `patterns` are not returned). `timeout` guards against hangs only.
+ */
+export async function runTests(root: string, files: string[], options: { patterns?: RegExp[]; timeout?: number } = {}): Promise<TestOutcome[]> {
+  const absolute = files.map((file) => inTree(root, file));
+  const outcomes: TestOutcome[] = [];
+  const stream = run({
+    files: absolute,
+    concurrency: true,
+    timeout: options.timeout ?? 60_000,
+    ...(options.patterns ? { testNamePatterns: options.patterns } : {}),
+  });
+  for await (const event of stream) {
+    if (event.type !== "test:pass" && event.type !== "test:fail") continue;
+    const data = event.data as { name: string; nesting: number; file?: string; details: { skip?: unknown; todo?: unknown; error?: unknown } };
+    if (data.nesting !== 0 || data.details.skip !== undefined || data.details.todo !== undefined) continue;
+    const error = data.details.error as { failureType?: string } | undefined;
+    if (error?.failureType === "subtestsFailed") continue;
+    // A whole file shows up as a test of its own: keep it only when the file itself failed (e.g. it crashed on load).
+    if ((data.file && data.name === data.file) || absolute.includes(data.name)) {
+      if (event.type === "test:pass") continue;
+    }
+    outcomes.push({
+      name: data.name,
+      file: data.file ? path.relative(root, data.file).split(path.sep).join("/") : "",
+      passed: event.type === "test:pass",
+      error: event.type === "test:fail" ? errorText(data.details.error) : "",
+    });
+  }
+  return outcomes;
+}
+
+/** "Lab 13.1 · …" → "13.1"; titles that do not follow the course form give undefined. */
+export function labOf(title: string): string | undefined {
+  return /^Lab (\d+\.\d+) · /.exec(title)?.[1];
+}
+
+export function firstLine(text: string, max = 3): string {
+  return text.split("\n").map((line) => line.trimEnd()).filter((line) => line.trim() !== "").slice(0, max).join("\n");
+}

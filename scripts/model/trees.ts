@@ -1,0 +1,25 @@
+// Temporary trees for verify / fault / bench: materialised from history, sharing the course's node_modules.
+import os from "node:os";
+import path from "node:path";
+import fs from "fs-extra";
+import { ROOT } from "./paths.js";
+
+export async function makeTempDir(prefix: string): Promise<string> {
+  return fs.mkdtemp(path.join(os.tmpdir(), `pi-course-${prefix}-`));
+}
+
+/** Lets a tree outside the repository resolve typescript, tsx and @types/node from the course's own install. */
+export async function linkNodeModules(dest: string): Promise<void> {
+  const source = path.join(ROOT, "node_modules");
+  if (!fs.existsSync(source)) throw new Error("课程仓库还没有安装依赖：先在仓库根目录运行 npm install。");
+  await fs.ensureSymlink(source, path.join(dest, "node_modules"), "dir");
+}
+
+export async function withTempDir<T>(prefix: string, body: (dir: string) => Promise<T>): Promise<T> {
+  const dir = await makeTempDir(prefix);
+  try {
+    return await body(dir);
+  } finally {
+    await fs.remove(dir);
+  }
+}

@@ -1,0 +1,184 @@
+// `npm run verify` as data: for every checkpoint, the target, the practice tree, the faults, the pins,
+// the history invariant, the guide and the absence of the solution in practice; plus the COURSE.md table.
+import path from "node:path";
+import fs from "fs-extra";
+import { type Checkpoint, chapterNumber, declaredFiles } from "./manifest.js";
+import { type HistoryInfo, changedFiles, materialize, showFile } from "./history.js";
+import { planMutation, withMutation } from "./faults.js";
+import { courseTableCurrent } from "./docs.js";
+import { FORBIDDEN_IN_PRACTICE, writePracticeTree } from "./practice-tree.js";
+import { PACKAGE_DIR, ROOT, inTree } from "./paths.js";
+import { type TestOutcome, buildPackage, compiledTest, compiledTests, firstLine, labOf, runTests } from "./tests.js";
+import { linkNodeModules } from "./trees.js";
+
+export interface Finding { area: string; message: string }
+export interface CheckpointVerdict { id: string; findings: Finding[]; notes: string[]; ms: number }
+
+/** The labels every chapter guide's checkpoint card must carry. */
+export const CARD_LABELS = ["模式", "起终点", "教学文件", "学习脚手架", "动手前只需知道", "第一步", "第一次红灯", "聚焦测试", "定位命令", "练习目录", "聚焦运行", "通过证据"];
+const GUIDE_SECTIONS = ["## 故障练习", "## 边界", "## 验收清单", "## 小结"];
+
+function testChapter(file: string): number | undefined {
+  const match = /\/(\d{2})-[^/]*\.test\.(?:ts|js)$/.exec(file);
+  return match ? Number(match[1]) : undefined;
+}
+
+/**
+ * Lines that only make sense as implementation: statements inside bodies. Declarations, signatures, fields,
+ * constants holding exact strings, imports and comments are the public surface a starter is allowed to keep.
+ */
+export function implementationLines(text: string): Set<string> {
+  const lines = text.split("\n").map((line) => line.trim());
+  return new Set(lines.filter((line) =>
+    line.length >= 24 &&
+    !/^(export |import |\/\/|\/\*|\*|readonly |private |protected |public |static |declare |type |interface |constructor\(|\}|\{|case |default:)/.test(line) &&
+    !/^[\w$]+\??: [^=()]*[;,]?$/.test(line) &&
+    !/^(async )?\*?[\w$\[\].]+(<[^>]*>)?\(.*\)(: .+)? \{$/.test(line) && // method signature opening a body
+    !/^[\w$]+(<[^>]*>)?\(.*\)(: .+)?;$/.test(line) && // method signature in an interface
+    !/^const [A-Z0-9_]+ = (["'`]).*\1;$/.test(line) && // a named exact string
+    /=|return |await |throw |if \(|for \(|while \(|\.push\(|\.then\(/.test(line)));
+}
+
+/** A starter leaks when it carries a real share of the chapter's new implementation lines. */
+export function leakedLines(parent: string, solution: string, starter: string): { leaked: string[]; total: number } {
+  const known = implementationLines(parent);
+  const fresh = [...implementationLines(solution)].filter((line) => !known.has(line));
+  const given = new Set(starter.split("\n").map((line) => line.trim()));
+  return { leaked: fresh.filter((line) => given.has(line)), total: fresh.length };
+}
+
+export async function verifyCheckpoint(c: Checkpoint, info: HistoryInfo, work: string): Promise<CheckpointVerdict> {
+  const started = Date.now();
+  const findings: Finding[] = [];
+  const notes: string[] = [];
+  const fail = (area: string, message: string): void => { findings.push({ area, message }); };
+  const ids = info.chapters.get(c.id)!;
+  const n = chapterNumber(c);
+  const ownStarter = new RegExp(`Lab ${n}\\.\\d+ [^\\n]*尚未实现`);
+
+  // (d) pins
+  if (c.pins.parent !== ids.parent || c.pins.target !== ids.target)
+    fail("固定值", `清单 pins 与历史不一致（历史 parent ${ids.parent.slice(0, 12)} / target ${ids.target.slice(0, 12)}）：运行 npm run history -- --pin`);
+
+  // history invariant: the chapter touches only what it declares, and all of it
+  const changes = await changedFiles(info.dir, ids.parent, ids.target);
+  const allowed = new Set(declaredFiles(c));
+  for (const change of changes) if (!allowed.has(change.file)) fail("历史", `diff(parent, target) 改动了清单没有声明的文件：${change.status} ${change.file}`);
+  for (const file of allowed) if (!changes.some((change) => change.file === file)) fail("历史", `清单声明的 ${file} 在 diff(parent, target) 里没有改动`);
+
+  // guide
+  const guide = inTree(ROOT, c.guide);
+  if (!fs.existsSync(guide)) fail("讲义", `缺少 ${c.guide}`);
+  else {
+    const text = await fs.readFile(guide, "utf8");
+    for (const label of CARD_LABELS) if (!text.includes(`**${label}**`)) fail("讲义", `${c.guide} 的 checkpoint 卡片缺少 **${label}**`);
+    for (const section of GUIDE_SECTIONS) if (!text.includes(section)) fail("讲义", `${c.guide} 缺少小节 ${section}`);
+    if (!text.includes(`chapter total: ${c.labs.reduce((s, l) => s + l.count, 0)}/`)) fail("讲义", `${c.guide} 的验收清单缺少 chapter total 记录`);
+  }
+
+  // (a) target
+  const target = path.join(work, `${c.id}-target`);
+  await materialize(info.dir, ids.target, target);
+  await linkNodeModules(target);
+  const targetBuild = await buildPackage(target);
+  let targetGreen = false;
+  if (!targetBuild.ok) fail("目标", `target 构建失败：\n${firstLine(targetBuild.output, 12)}`);
+  else {
+    const outcomes = await runTests(target, compiledTests(target));
+    for (const o of outcomes.filter((x) => !x.passed)) fail("目标", `${o.file} · ${o.name} 失败：${firstLine(o.error)}`);
+    const focused = outcomes.filter((o) => o.file === compiledTest(c.focusedTest));
+    for (const lab of c.labs) {
+      const mine = focused.filter((o) => labOf(o.name) === lab.id).map((o) => o.name);
+      if (mine.length !== lab.count) fail("目标", `Lab ${lab.id} 应有 ${lab.count} 项测试，实际 ${mine.length} 项`);
+      for (const title of lab.tests) if (!mine.includes(title)) fail("目标", `清单里的测试标题不在聚焦测试中：${title}`);
+    }
+    for (const o of focused) if (!c.labs.some((lab) => lab.tests.includes(o.name))) fail("目标", `聚焦测试里有清单没有列出的测试：${o.name}`);
+    targetGreen = outcomes.length > 0 && outcomes.every((o) => o.passed);
+    const total = c.labs.reduce((s, l) => s + l.count, 0);
+    notes.push(`目标 ${focused.filter((o) => o.passed).length}/${total}（共 ${outcomes.filter((o) => o.passed).length}/${outcomes.length} 项含前序章节）`);
+  }
+
+  // (b) practice + (e) leaks
+  const practice = path.join(work, `${c.id}-practice`);
+  await fs.ensureDir(practice);
+  await writePracticeTree(c, info, practice);
+  for (const name of FORBIDDEN_IN_PRACTICE) if (fs.existsSync(path.join(practice, name))) fail("泄漏", `练习目录里出现了 ${name}/`);
+  const testDir = inTree(practice, `${PACKAGE_DIR}/test`);
+  for (const name of fs.existsSync(testDir) ? await fs.readdir(testDir) : []) {
+    const chapter = testChapter(`/${name}`);
+    if (chapter !== undefined && chapter > Number(c.id)) fail("泄漏", `练习目录里有后续章节的测试：${name}`);
+  }
+  for (const file of c.heldOutTests) if (fs.existsSync(inTree(practice, file))) fail("泄漏", `练习目录里有保留测试：${file}`);
+  if (c.mode !== "观察") {
+    for (const file of c.teachingFiles) {
+      const solution = await showFile(info.dir, ids.target, file);
+      const given = fs.existsSync(inTree(practice, file)) ? await fs.readFile(inTree(practice, file), "utf8") : "";
+      if (given === solution) { fail("泄漏", `练习目录里的 ${file} 就是 target 版本`); continue; }
+      let before = "";
+      try { before = await showFile(info.dir, ids.parent, file); } catch { before = ""; }
+      const { leaked, total } = leakedLines(before, solution, given);
+      if (leaked.length >= 3 && leaked.length * 4 >= total)
+        fail("泄漏", `${file} 的脚手架含有本章实现的 ${leaked.length}/${total} 行，例如：\n${leaked.slice(0, 5).map((l) => `      ${l}`).join("\n")}`);
+    }
+  }
+  await linkNodeModules(practice);
+  const practiceBuild = await buildPackage(practice);
+  if (!practiceBuild.ok) fail("练习", `练习目录构建失败（脚手架必须能在 parent 上编译）：\n${firstLine(practiceBuild.output, 12)}`);
+  else {
+    const outcomes = await runTests(practice, compiledTests(practice), { timeout: 30_000 });
+    const focusedFile = compiledTest(c.focusedTest);
+    const focused = outcomes.filter((o) => o.file === focusedFile);
+    const others = outcomes.filter((o) => o.file !== focusedFile);
+    for (const o of others.filter((x) => !x.passed)) fail("练习", `前序章节的测试在练习目录里失败：${o.file} · ${o.name}：${firstLine(o.error)}`);
+    if (c.mode === "观察") {
+      for (const o of focused.filter((x) => !x.passed)) fail("练习", `观察模式的练习目录应当全绿：${o.name}`);
+      notes.push(`练习 ${focused.filter((o) => o.passed).length}/${focused.length}（观察）`);
+    } else {
+      const expected = c.labs.reduce((s, l) => s + l.count, 0);
+      if (focused.length !== expected) fail("练习", `练习目录里聚焦测试运行了 ${focused.length} 项，应为 ${expected} 项`);
+      for (const o of focused) {
+        if (o.passed) fail("练习", `${o.name} 在脚手架上就通过了（每项测试都应先红）`);
+        else if (!ownStarter.test(o.error)) fail("练习", `${o.name} 没有因本章的脚手架消息失败，而是：${firstLine(o.error)}`);
+      }
+      const first = focused.find((o) => o.name === c.labs[0]!.tests[0]);
+      if (first && !first.passed && !first.error.includes(c.firstRed))
+        fail("练习", `第一个 lab 的第一项测试应以 "${c.firstRed}" 失败，实际：${firstLine(first.error)}`);
+      notes.push(`练习 ${focused.filter((o) => o.passed).length}/${expected} 红（脚手架）`);
+    }
+  }
+
+  // (c) faults, on the target tree
+  if (targetBuild.ok && targetGreen) {
+    let caught = 0;
+    for (const fault of c.faults) {
+      const file = inTree(target, fault.file);
+      const plan = planMutation(fault, await fs.readFile(file, "utf8"));
+      if (!plan.ok) { fail("故障", `${fault.id}：${plan.reason}（${fault.file}）`); continue; }
+      let red: TestOutcome[] = [];
+      let built = true;
+      await withMutation(file, plan.mutated, async () => {
+        const build = await buildPackage(target);
+        if (!build.ok) { built = false; return; }
+        red = (await runTests(target, [compiledTest(c.focusedTest)])).filter((o) => !o.passed);
+      });
+      if (!built) { fail("故障", `${fault.id}：注入故障后无法构建（故障练习应当能编译）`); continue; }
+      const names = red.map((o) => o.name);
+      if (names.length !== 1 || names[0] !== fault.test)
+        fail("故障", `${fault.id}：应只有 "${fault.test}" 变红，实际变红的是：${names.length === 0 ? "（没有）" : names.join("；")}`);
+      else caught += 1;
+    }
+    const rebuilt = await buildPackage(target);
+    const again = rebuilt.ok ? await runTests(target, [compiledTest(c.focusedTest)]) : [];
+    if (!rebuilt.ok || again.some((o) => !o.passed)) fail("故障", "恢复故障后聚焦测试没有回到全绿");
+    notes.push(`故障 ${caught}/${c.faults.length}`);
+  } else if (c.faults.length > 0) {
+    notes.push("故障 未检查（target 不是全绿）");
+  }
+  await fs.remove(target);
+  await fs.remove(practice);
+  return { id: c.id, findings, notes, ms: Date.now() - started };
+}
+
+export function verifyCourseTable(checkpoints: Checkpoint[]): Finding[] {
+  return courseTableCurrent(checkpoints) ? [] : [{ area: "COURSE.md", message: "COURSE.md 的章节表与清单不一致：运行 npm run docs 重新生成" }];
+}

@@ -1,0 +1,93 @@
+// npm run practice -w @pi/course -- NN [DIR]
+// Creates an isolated practice folder: parent tree + focused test + starters + LEARNING.md, one git commit.
+// Built in a temporary sibling and renamed into place at the end: an interrupted run leaves nothing behind.
+import path from "node:path";
+import fs from "fs-extra";
+import { simpleGit } from "simple-git";
+import { CourseError, main, rejectUnknownOptions } from "./model/cli.js";
+import { chapterNumber, findCheckpoint, loadCheckpoints } from "./model/manifest.js";
+import { ensureHistory } from "./model/history.js";
+import { ROOT, isInside, resolveFromCaller } from "./model/paths.js";
+import { writePracticeTree } from "./model/practice-tree.js";
+
+const USAGE = "用法：npm run practice -w @pi/course -- <章节> [练习目录]   例如 13 ../pi-practice-13（相对于你当前所在的目录）";
+const TEMP_MARK = ".pi-practice-tmp-";
+
+function pidAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** Removes temporary siblings left by a practice run that was killed outright (SIGKILL cannot be caught). */
+async function sweepStale(parent: string): Promise<void> {
+  if (!fs.existsSync(parent)) return;
+  for (const name of await fs.readdir(parent)) {
+    const match = new RegExp(`${TEMP_MARK.replace(/[.]/g, "\\.")}(\\d+)$`).exec(name);
+    if (match && !pidAlive(Number(match[1]))) await fs.remove(path.join(parent, name));
+  }
+}
+
+await main(async (args) => {
+  rejectUnknownOptions(args);
+  if (args.length < 1 || args.length > 2) throw new CourseError(USAGE, 2);
+  const checkpoints = loadCheckpoints();
+  const c = findCheckpoint(checkpoints, args[0], USAGE);
+  const dest = resolveFromCaller(args[1] ?? `../pi-practice-${c.id}`);
+  if (isInside(dest, ROOT)) throw new CourseError(`练习目录必须位于课程仓库之外：${dest}`, 2);
+  if (fs.existsSync(dest) && (!fs.statSync(dest).isDirectory() || fs.readdirSync(dest).length > 0))
+    throw new CourseError(`练习目录已存在且不为空：${dest}（换一个目录名，或先删掉它）`, 2);
+
+  const parent = path.dirname(dest);
+  await fs.ensureDir(parent);
+  await sweepStale(parent);
+  const temp = path.join(parent, `.${path.basename(dest)}${TEMP_MARK}${process.pid}`);
+  const cleanup = (): void => fs.removeSync(temp);
+  const onSignal = (signal: NodeJS.Signals): void => {
+    cleanup();
+    console.error(`\n收到 ${signal}：练习目录没有创建，临时文件已清理。`);
+    process.exit(signal === "SIGINT" ? 130 : 143);
+  };
+  process.once("SIGINT", onSignal);
+  process.once("SIGTERM", onSignal);
+  try {
+    const info = await ensureHistory(checkpoints, { log: console.log });
+    const ids = info.chapters.get(c.id)!;
+    await fs.ensureDir(temp);
+    await writePracticeTree(c, info, temp, dest);
+    const delay = Number(process.env.PI_COURSE_PRACTICE_DELAY_MS ?? 0);
+    if (delay > 0) await new Promise((resolve) => setTimeout(resolve, delay)); // lets tests interrupt a run midway
+    const g = simpleGit({ baseDir: temp, config: ["core.autocrlf=false", "commit.gpgsign=false", "core.hooksPath=/dev/null"] });
+    await g.init(["-q", "-b", "main"]);
+    await g.raw(["add", "-A"]);
+    await g.raw([
+      "-c", "user.name=pi-course", "-c", "user.email=practice@pi-course.invalid",
+      "commit", "-q", "-m", `practice(${c.id}): ${c.title}`, "-m",
+      `从第 ${c.id} 章的 parent ${ids.parent} 开始练习（${c.mode}）；target 是 ${ids.target}，这里没有它的内容。`,
+    ]);
+    if (fs.existsSync(dest)) await fs.remove(dest); // only an empty directory can reach this point
+    await fs.rename(temp, dest);
+  } catch (error) {
+    cleanup();
+    throw error;
+  } finally {
+    process.off("SIGINT", onSignal);
+    process.off("SIGTERM", onSignal);
+  }
+  const n = chapterNumber(c);
+  const shown = path.relative(process.env.INIT_CWD ?? process.cwd(), dest) || ".";
+  console.log([
+    `已创建第 ${c.id} 章的练习目录（${c.mode}）：${dest}`,
+    `先读 ${path.join(shown, "LEARNING.md")}，然后：`,
+    `  cd ${shown}`,
+    "  npm install",
+    "  npm run build -w @pi/course",
+    `  node --test --test-name-pattern="Lab ${n}.1" packages/pi-course/dist/test/${c.id}-*.test.js`,
+    `  npm run lab -w @pi/course -- ${n}.1`,
+    c.mode === "观察" ? "观察模式：测试应当已经全绿，先预测输出再运行。" : `第一次红灯应当是：${c.firstRed}`,
+  ].join("\n"));
+  return 0;
+});

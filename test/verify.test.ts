@@ -1,0 +1,32 @@
+// `npm run verify` inside `npm test`: one test per checkpoint, so node's summary counts the course itself.
+import test, { after, before } from "node:test";
+import assert from "node:assert/strict";
+import fs from "fs-extra";
+import { loadCheckpoints } from "../scripts/model/manifest.js";
+import { type HistoryInfo, ensureHistory } from "../scripts/model/history.js";
+import { verifyCheckpoint, verifyCourseTable } from "../scripts/model/verify.js";
+import { makeTempDir } from "../scripts/model/trees.js";
+
+const checkpoints = loadCheckpoints();
+let info: HistoryInfo;
+let work: string;
+
+before(async () => {
+  info = await ensureHistory(checkpoints);
+  work = await makeTempDir("verify-test");
+});
+after(async () => {
+  await fs.remove(work);
+});
+
+for (const c of checkpoints) {
+  test(`verify · checkpoint ${c.id} ${c.slug}：目标、练习、故障、固定值与无泄漏`, async () => {
+    const verdict = await verifyCheckpoint(c, info, work);
+    const report = verdict.findings.map((f) => `[${f.area}] ${f.message}`).join("\n");
+    assert.equal(verdict.findings.length, 0, `checkpoint ${c.id}：\n${report}`);
+  });
+}
+
+test("verify · COURSE.md 的章节表与清单一致", () => {
+  assert.deepEqual(verifyCourseTable(checkpoints), []);
+});
