@@ -60,7 +60,7 @@ await main(async (args) => {
     await writePracticeTree(c, info, temp, dest);
     const delay = Number(process.env.PI_COURSE_PRACTICE_DELAY_MS ?? 0);
     if (delay > 0) await new Promise((resolve) => setTimeout(resolve, delay)); // lets tests interrupt a run midway
-    const g = simpleGit({ baseDir: temp, config: ["core.autocrlf=false", "commit.gpgsign=false", "core.hooksPath=/dev/null"] });
+    const g = simpleGit({ baseDir: temp, config: ["core.autocrlf=false", "commit.gpgsign=false"] });
     await g.init(["-q", "-b", "main"]);
     await g.raw(["add", "-A"]);
     await g.raw([

@@ -2,6 +2,7 @@
 import { execFile } from "node:child_process";
 import { promisify } from "node:util";
 import path from "node:path";
+import { fileURLToPath } from "node:url";
 import { run } from "node:test";
 import fs from "fs-extra";
 import { PACKAGE_DIR, inTree } from "./paths.js";
@@ -74,7 +75,9 @@ function errorText(error: unknown): string {
  * Runs test files with node's test runner and returns one outcome per top-level test that actually ran
  * (tests filtered out by `patterns` are not returned). `timeout` guards against hangs only.
  */
-export async function runTests(root: string, files: string[], options: { patterns?: RegExp[]; timeout?: number } = {}): Promise<TestOutcome[]> {
+export async function runTests(root: string, files: string[], options: RunOptions = {}): Promise<TestOutcome[]> {
+  // Inside a test file node refuses a nested run() ("called recursively"), so hand the run to a fresh process.
+  if (process.env.NODE_TEST_CONTEXT) return runTestsInWorker(root, files, options);
   const absolute = files.map((file) => inTree(root, file));
   const outcomes: TestOutcome[] = [];
   const stream = run({
@@ -85,8 +88,9 @@ export async function runTests(root: string, files: string[], options: { pattern
   });
   for await (const event of stream) {
     if (event.type !== "test:pass" && event.type !== "test:fail") continue;
-    const data = event.data as { name: string; nesting: number; file?: string; details: { skip?: unknown; todo?: unknown; error?: unknown } };
-    if (data.nesting !== 0 || data.details.skip !== undefined || data.details.todo !== undefined) continue;
+    const data = event.data as { name: string; nesting: number; file?: string; skip?: unknown; todo?: unknown; details: { error?: unknown } };
+    // Tests filtered out by a name pattern arrive as passes marked `skip`; they did not run.
+    if (data.nesting !== 0 || data.skip !== undefined || data.todo !== undefined) continue;
     const error = data.details.error as { failureType?: string } | undefined;
     if (error?.failureType === "subtestsFailed") continue;
     // A whole file shows up as a test of its own: keep it only when the file itself failed (e.g. it crashed on load).
@@ -101,6 +105,23 @@ export async function runTests(root: string, files: string[], options: { pattern
     });
   }
   return outcomes;
+}
+
+export interface RunOptions { patterns?: RegExp[]; timeout?: number }
+export interface WorkerRequest { root: string; files: string[]; patterns?: string[]; timeout?: number }
+
+async function runTestsInWorker(root: string, files: string[], options: RunOptions): Promise<TestOutcome[]> {
+  const request: WorkerRequest = {
+    root, files, ...(options.patterns ? { patterns: options.patterns.map((p) => p.source) } : {}),
+    ...(options.timeout ? { timeout: options.timeout } : {}),
+  };
+  const env = { ...process.env };
+  delete env.NODE_TEST_CONTEXT;
+  const worker = fileURLToPath(new URL("./test-worker.ts", import.meta.url));
+  const { stdout } = await exec(process.execPath, ["--import", import.meta.resolve("tsx"), worker, JSON.stringify(request)], {
+    env, cwd: root, maxBuffer: 64 * 1024 * 1024,
+  });
+  return JSON.parse(stdout.slice(stdout.indexOf("\u0000") + 1)) as TestOutcome[];
 }
 
 /** "Lab 13.1 · …" → "13.1"; titles that do not follow the course form give undefined. */
