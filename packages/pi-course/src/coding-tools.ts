@@ -1,0 +1,488 @@
+// 编码工具：read / write / edit / bash，共同作用于同一个 workspace。
+//
+// 这四个工具让循环真正碰到文件系统和子进程，所以每一个都带着一条边界：
+// - read 有行数上限与字节上限，超出时给出可以续读的提示，绝不截半行；
+// - write 与 edit 先过路径边界，再进同一个修改队列，用“临时文件 + rename”一次写回；
+// - edit 先在内存里验证整批精确匹配，全部成功才落盘，失败时文件一字节不变；
+// - bash 在 workspace 里启动子进程，有超时、可取消、输出有字节上限，结束时清理整个进程组。
+
+import { spawn, type ChildProcess } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { mkdir, readFile, realpath, rename, rm, writeFile } from "node:fs/promises";
+import path from "node:path";
+
+import {
+  objectSchema,
+  optionalPositiveInteger,
+  stringValue,
+  ToolRegistry,
+  type Schema,
+  type Tool,
+  type ToolContext,
+  type ToolOutput,
+} from "./tool.js";
+import { text } from "./types.js";
+
+/** workspace：路径必须留在 cwd 之内（含符号链接）；unrestricted：不做任何路径检查。 */
+export type ContainmentMode = "workspace" | "unrestricted";
+
+export interface CodingToolsOptions {
+  /** 工具的工作目录，会先经过 path.resolve。 */
+  cwd: string;
+  containment: ContainmentMode;
+  /** read 单次返回的最大字节数（含续读提示），默认 48_000。 */
+  maxReadBytes?: number;
+  /** read 单次最多显示的行数，默认 240。 */
+  maxReadLines?: number;
+  /** bash 捕获输出的字节上限（stdout 与 stderr 合计），默认 96_000。 */
+  maxBashOutputBytes?: number;
+  /** bash 的超时毫秒数，默认 30_000。 */
+  bashTimeoutMs?: number;
+}
+
+export interface ReadDetails {
+  path: string;
+  bytes: number;
+  lines: number;
+  startLine: number;
+  endLine: number;
+  truncated: boolean;
+}
+
+export interface WriteDetails {
+  path: string;
+  bytes: number;
+}
+
+export interface EditDetails {
+  path: string;
+  oldBytes: number;
+  newBytes: number;
+  edits: number;
+}
+
+export interface BashDetails {
+  command: string;
+  exitCode: number | null;
+  timedOut: boolean;
+  aborted: boolean;
+  truncated: boolean;
+}
+
+/**
+ * 按 key（文件的词法绝对路径）串行化修改操作。
+ * 同一个 key：前一个操作结束（无论成功或失败）后，下一个才开始，顺序与调用顺序一致；
+ * 不同 key 互不等待。run 返回的就是操作自己的结果或错误。
+ */
+export class MutationQueue {
+  private readonly tails = new Map<string, Promise<void>>();
+
+  run<T>(key: string, operation: () => Promise<T>): Promise<T> {
+    const previous = this.tails.get(key) ?? Promise.resolve();
+    const outcome = previous.then(() => operation());
+    // 队尾只关心“结束了”，不关心成败：失败的操作不能卡住后面的人。
+    const tail = outcome.then(
+      () => undefined,
+      () => undefined,
+    );
+    this.tails.set(key, tail);
+    void tail.then(() => {
+      if (this.tails.get(key) === tail) this.tails.delete(key);
+    });
+    return outcome;
+  }
+}
+
+/** 模块级唯一的修改队列：所有 registry 的 write 与 edit 都排在这里。 */
+const defaultQueue = new MutationQueue();
+
+interface Settings {
+  cwd: string;
+  containment: ContainmentMode;
+  maxReadBytes: number;
+  maxReadLines: number;
+  maxBashOutputBytes: number;
+  bashTimeoutMs: number;
+}
+
+export function createCodingTools(input: CodingToolsOptions): ToolRegistry {
+  const settings: Settings = {
+    cwd: path.resolve(input.cwd),
+    containment: input.containment,
+    maxReadBytes: input.maxReadBytes ?? 48_000,
+    maxReadLines: input.maxReadLines ?? 240,
+    maxBashOutputBytes: input.maxBashOutputBytes ?? 96_000,
+    bashTimeoutMs: input.bashTimeoutMs ?? 30_000,
+  };
+  const registry = new ToolRegistry();
+  registry.register(readTool(settings));
+  registry.register(writeTool(settings));
+  registry.register(editTool(settings));
+  registry.register(bashTool(settings));
+  return registry;
+}
+
+// ---------------------------------------------------------------------------
+// 路径边界
+// ---------------------------------------------------------------------------
+
+/**
+ * 把工具参数里的路径解析成词法绝对路径（不跟随符号链接）。
+ * workspace 模式下做两道检查：先看词法路径是否在根目录内，再看“最近的已存在祖先”的真实路径
+ * 是否仍在根目录的真实路径内——后者挡住经由符号链接的逃逸，也挡住在链接目录里新建文件。
+ */
+async function resolveToolPath(settings: Settings, input: string): Promise<string> {
+  const resolved = path.resolve(settings.cwd, input);
+  if (settings.containment === "unrestricted") return resolved;
+
+  if (!isInside(settings.cwd, resolved)) throw new Error(`路径越过教学 workspace：${input}`);
+
+  const realRoot = await realpath(settings.cwd);
+  const realTarget = await realpathOfNearestAncestor(resolved);
+  if (!isInside(realRoot, realTarget)) throw new Error(`符号链接越过教学 workspace：${input}`);
+  return resolved;
+}
+
+function isInside(root: string, candidate: string): boolean {
+  if (candidate === root) return true;
+  const prefix = root.endsWith(path.sep) ? root : root + path.sep;
+  return candidate.startsWith(prefix);
+}
+
+/** 从目标路径往上找，第一个能 realpath 成功的祖先（可能就是目标本身）的真实路径。 */
+async function realpathOfNearestAncestor(target: string): Promise<string> {
+  let current = target;
+  while (true) {
+    try {
+      return await realpath(current);
+    } catch {
+      const parent = path.dirname(current);
+      if (parent === current) throw new Error(`无法解析路径祖先：${target}`);
+      current = parent;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// read
+// ---------------------------------------------------------------------------
+
+function readTool(settings: Settings): Tool<{ path: string; offset?: number; limit?: number }, ReadDetails> {
+  return {
+    name: "read",
+    description: "按行读取 UTF-8 文件，受行数和字节上限约束，超出时给出续读位置",
+    schema: objectSchema({ path: stringValue, offset: optionalPositiveInteger, limit: optionalPositiveInteger }),
+    async execute(parameters) {
+      const resolved = await resolveToolPath(settings, parameters.path);
+      const content = await readFile(resolved, "utf8");
+      const lines = content.split("\n");
+      const total = lines.length;
+      const start = parameters.offset ?? 1;
+      if (start > total) throw new Error(`offset=${start} 超出文件范围；文件共 ${total} 行`);
+
+      const lineCap = Math.min(parameters.limit ?? settings.maxReadLines, settings.maxReadLines);
+      const lastCandidate = Math.min(total, start + lineCap - 1);
+
+      // 逐个尝试每一个可能的结束行，保留最后一个能放进字节预算的窗口。
+      // 续读提示只在还有剩余行时出现，所以“多显示一行”不一定更长，每个候选都要算。
+      let body = "";
+      let best: { endLine: number; rendered: string } | undefined;
+      for (let endLine = start; endLine <= lastCandidate; endLine += 1) {
+        body += (endLine === start ? "" : "\n") + numberedLine(endLine, lines[endLine - 1]);
+        const rendered = endLine < total ? body + continuationNote(start, endLine, total) : body;
+        if (Buffer.byteLength(rendered, "utf8") <= settings.maxReadBytes) best = { endLine, rendered };
+      }
+      if (best === undefined) {
+        throw new Error(
+          `maxReadBytes=${settings.maxReadBytes} 太小，无法返回从第 ${start} 行开始的完整可续读结果`,
+        );
+      }
+
+      return {
+        content: [text(best.rendered)],
+        details: {
+          path: resolved,
+          bytes: Buffer.byteLength(content, "utf8"),
+          lines: total,
+          startLine: start,
+          endLine: best.endLine,
+          truncated: best.endLine < total,
+        },
+      };
+    },
+  };
+}
+
+function numberedLine(lineNumber: number, line: string): string {
+  return `${String(lineNumber).padStart(4, " ")}│ ${line}`;
+}
+
+function continuationNote(start: number, end: number, total: number): string {
+  return `\n\n[已显示第 ${start}-${end} 行，共 ${total} 行；继续读取：offset=${end + 1}]`;
+}
+
+// ---------------------------------------------------------------------------
+// write 与原子写回
+// ---------------------------------------------------------------------------
+
+function writeTool(settings: Settings): Tool<{ path: string; content: string }, WriteDetails> {
+  return {
+    name: "write",
+    description: "创建或整体覆盖一个 UTF-8 文件（缺失的父目录会一并创建）",
+    schema: objectSchema({ path: stringValue, content: stringValue }),
+    async execute(parameters) {
+      const resolved = await resolveToolPath(settings, parameters.path);
+      return defaultQueue.run(resolved, async (): Promise<ToolOutput<WriteDetails>> => {
+        await atomicWrite(resolved, parameters.content);
+        const bytes = Buffer.byteLength(parameters.content, "utf8");
+        return { content: [text(`已写入 ${bytes} bytes`)], details: { path: resolved, bytes } };
+      });
+    },
+  };
+}
+
+/**
+ * 先把完整内容写进同目录的临时文件，再 rename 到目标上。
+ * rename 替换的是目录项：读者要么看到旧文件，要么看到新文件，看不到写了一半的内容；
+ * 指向旧文件的硬链接仍保留旧内容。无论成败，临时文件都会被清理。
+ */
+async function atomicWrite(target: string, content: string): Promise<void> {
+  await mkdir(path.dirname(target), { recursive: true });
+  const temporary = `${target}.pi-tmp-${process.pid}-${Date.now()}-${randomBytes(4).toString("hex")}`;
+  try {
+    await writeFile(temporary, content, "utf8");
+    await rename(temporary, target);
+  } finally {
+    await rm(temporary, { force: true }).catch(() => undefined);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// edit
+// ---------------------------------------------------------------------------
+
+interface EditOperation {
+  oldText: string;
+  newText: string;
+}
+
+interface EditParameters {
+  path: string;
+  edits: EditOperation[];
+}
+
+/** edit 接受两种写法：`{path, edits: [...]}`，或单个替换 `{path, oldText, newText}`。 */
+const editSchema: Schema<EditParameters> = {
+  jsonSchema: {
+    type: "object",
+    properties: {
+      path: { type: "string" },
+      oldText: { type: "string" },
+      newText: { type: "string" },
+      edits: {
+        type: "array",
+        items: {
+          type: "object",
+          properties: { oldText: { type: "string" }, newText: { type: "string" } },
+          required: ["oldText", "newText"],
+          additionalProperties: false,
+        },
+      },
+    },
+    required: ["path"],
+    additionalProperties: false,
+  },
+  parse(value) {
+    if (!isRecord(value)) throw new Error("参数必须是 object");
+    const filePath = stringValue(value.path);
+    const rawEdits: unknown[] = Array.isArray(value.edits)
+      ? value.edits
+      : [{ oldText: value.oldText, newText: value.newText }];
+    if (rawEdits.length === 0) throw new Error("edits 不能为空");
+    const edits = rawEdits.map((item): EditOperation => {
+      if (!isRecord(item)) throw new Error("每个 edit 必须是 object");
+      return { oldText: stringValue(item.oldText), newText: stringValue(item.newText) };
+    });
+    return { path: filePath, edits };
+  },
+};
+
+function isRecord(value: unknown): value is Record<string, unknown> {
+  return typeof value === "object" && value !== null && !Array.isArray(value);
+}
+
+function editTool(settings: Settings): Tool<EditParameters, EditDetails> {
+  return {
+    name: "edit",
+    description: "按顺序应用一批唯一精确匹配的替换，全部验证通过后一次写回",
+    schema: editSchema,
+    async execute(parameters) {
+      const resolved = await resolveToolPath(settings, parameters.path);
+      return defaultQueue.run(resolved, async (): Promise<ToolOutput<EditDetails>> => {
+        const original = await readFile(resolved, "utf8");
+        let updated = original;
+        for (const [index, edit] of parameters.edits.entries()) {
+          updated = replaceExactlyOnce(updated, edit, index);
+        }
+        await atomicWrite(resolved, updated);
+        const count = parameters.edits.length;
+        return {
+          content: [text(`已完成 ${count} 处精确替换`)],
+          details: {
+            path: resolved,
+            oldBytes: Buffer.byteLength(original, "utf8"),
+            newBytes: Buffer.byteLength(updated, "utf8"),
+            edits: count,
+          },
+        };
+      });
+    },
+  };
+}
+
+/** 在内存里做一次替换：oldText 必须非空，且在当前文本中恰好出现一次。 */
+function replaceExactlyOnce(source: string, edit: EditOperation, index: number): string {
+  if (edit.oldText === "") throw new Error(`edits[${index}].oldText 不能为空`);
+  const first = source.indexOf(edit.oldText);
+  if (first === -1) throw new Error(`edits[${index}] 没有匹配`);
+  if (source.indexOf(edit.oldText, first + edit.oldText.length) !== -1) {
+    throw new Error(`edits[${index}] 匹配多次；请提供更精确的上下文`);
+  }
+  return source.slice(0, first) + edit.newText + source.slice(first + edit.oldText.length);
+}
+
+// ---------------------------------------------------------------------------
+// bash
+// ---------------------------------------------------------------------------
+
+/** 行首或空白、`;`、`&`、`|` 之后紧跟 `/`、`~/` 或 `../`：视为显式的绝对路径或上级路径。 */
+const PATH_GUARDRAIL = /(^|[\s;&|])(?:\/|~\/|\.\.\/)/;
+const TRUNCATION_NOTE = "\n… [输出已截断]";
+/** SIGTERM 之后再等多久补一个 SIGKILL。 */
+const KILL_GRACE_MS = 100;
+
+function bashTool(settings: Settings): Tool<{ command: string }, BashDetails> {
+  return {
+    name: "bash",
+    description: "在 workspace 中运行一条 shell 命令：可取消、有超时、输出有字节上限",
+    schema: objectSchema({ command: stringValue }),
+    async execute(parameters, context) {
+      return runCommand(settings, parameters.command, context);
+    },
+  };
+}
+
+async function runCommand(
+  settings: Settings,
+  command: string,
+  context: ToolContext,
+): Promise<ToolOutput<BashDetails>> {
+  if (settings.containment === "workspace" && PATH_GUARDRAIL.test(command)) {
+    throw new Error("教学 guardrail：workspace 模式下命令里不能直接写绝对路径、~/ 或 ../");
+  }
+  const signal = context.signal;
+  if (signal?.aborted) {
+    return {
+      content: [text("运行在启动前就已取消，命令没有执行。")],
+      details: { command, exitCode: null, timedOut: false, aborted: true, truncated: false },
+      isError: true,
+    };
+  }
+
+  const budget = settings.maxBashOutputBytes;
+  const captured: Buffer[] = [];
+  let capturedBytes = 0;
+  let truncated = false;
+  let timedOut = false;
+  let aborted = false;
+  let killStep: Promise<void> | undefined;
+
+  const child = spawn(command, {
+    shell: true,
+    cwd: settings.cwd,
+    env: process.env,
+    // 非 Windows 上让子进程自成一个进程组，结束时才能连同它的后代一起清理。
+    detached: process.platform !== "win32",
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+
+  // stdout 与 stderr 按到达顺序进同一个缓冲区，共用一份字节预算；超出的部分丢弃，但两条管道都继续读空。
+  const collect = (chunk: Buffer): void => {
+    const room = budget - capturedBytes;
+    if (chunk.length > room) truncated = true;
+    if (room <= 0) return;
+    const kept = chunk.length > room ? chunk.subarray(0, room) : chunk;
+    captured.push(kept);
+    capturedBytes += kept.length;
+  };
+  child.stdout?.on("data", collect);
+  child.stderr?.on("data", collect);
+
+  // 超时和取消都走这里；重复请求共用同一次“先 SIGTERM、稍后 SIGKILL”。
+  const terminate = (why: "timeout" | "abort"): void => {
+    if (killStep !== undefined) return;
+    if (why === "timeout") timedOut = true;
+    else aborted = true;
+    signalProcessGroup(child, "SIGTERM");
+    killStep = new Promise((resolve) => {
+      setTimeout(() => {
+        signalProcessGroup(child, "SIGKILL");
+        resolve();
+      }, KILL_GRACE_MS);
+    });
+  };
+  const onAbort = (): void => terminate("abort");
+  const timer = setTimeout(() => terminate("timeout"), settings.bashTimeoutMs);
+  signal?.addEventListener("abort", onAbort, { once: true });
+
+  let exitCode: number | null;
+  try {
+    exitCode = await new Promise<number | null>((resolve, reject) => {
+      child.once("error", reject);
+      child.once("close", (code: number | null) => resolve(code));
+    });
+    // 子进程关闭了，但忽略 SIGTERM 的后代可能还活着：等延迟的 SIGKILL 也发完再返回。
+    if (killStep !== undefined) await killStep;
+  } finally {
+    clearTimeout(timer);
+    signal?.removeEventListener("abort", onAbort);
+  }
+
+  const capture = Buffer.concat(captured);
+  let output = truncated ? truncateWithNote(capture, budget) : capture.toString("utf8");
+  if (output === "") output = exitCode === null ? "(exit signal)" : `(exit ${exitCode})`;
+
+  return {
+    content: [text(output)],
+    details: { command, exitCode, timedOut, aborted, truncated },
+    isError: exitCode !== 0 || timedOut || aborted,
+  };
+}
+
+/** 先给整个进程组发信号（负 pid）；不支持进程组时退回只给子进程本身发。 */
+function signalProcessGroup(child: ChildProcess, signalName: NodeJS.Signals): void {
+  if (child.pid === undefined) return;
+  try {
+    process.kill(-child.pid, signalName);
+  } catch {
+    try {
+      child.kill(signalName);
+    } catch {
+      // 进程已经不在了。
+    }
+  }
+}
+
+/** 截断后的输出：UTF-8 安全的前缀 + 截断提示，总长不超过 budget 字节。 */
+function truncateWithNote(capture: Buffer, budget: number): string {
+  const note = Buffer.from(TRUNCATION_NOTE, "utf8");
+  if (note.length >= budget) return utf8Prefix(note, budget);
+  return utf8Prefix(capture, budget - note.length) + TRUNCATION_NOTE;
+}
+
+/** 取前 limit 个字节，但不切断一个多字节字符：切点落在续字节上就往前退。 */
+function utf8Prefix(buffer: Buffer, limit: number): string {
+  let end = Math.min(limit, buffer.length);
+  while (end > 0 && end < buffer.length && (buffer[end] & 0xc0) === 0x80) end -= 1;
+  return buffer.subarray(0, end).toString("utf8");
+}

@@ -1,0 +1,828 @@
+import assert from "node:assert/strict";
+import { once } from "node:events";
+import http from "node:http";
+import type { AddressInfo } from "node:net";
+import test, { type TestContext } from "node:test";
+
+import {
+  createOpenAICompatibleModel,
+  createOpenAICompatibleTransport,
+  fixedTransport,
+  toProviderMessages,
+  toProviderTools,
+  type ProviderChunk,
+  type ProviderRequest,
+  type ProviderTransport,
+} from "../src/provider-adapter.js";
+import {
+  assistantMessage,
+  currentSystemPrompt,
+  text,
+  userMessage,
+  type AgentContext,
+  type AssistantMessage,
+  type ModelEvent,
+  type ModelStream,
+  type ToolDefinition,
+} from "../src/types.js";
+
+// ---------------------------------------------------------------------------
+// 通用夹具
+// ---------------------------------------------------------------------------
+
+const API_KEY = "sk-course-05-DO-NOT-LEAK-7f3a9c";
+const NETWORK_TIMEOUT = { timeout: 5_000 }; // 只防挂死；本机 HTTP 通常几毫秒就结束。
+
+async function consume(stream: ModelStream): Promise<{ events: ModelEvent[]; result: AssistantMessage }> {
+  const events: ModelEvent[] = [];
+  for await (const event of stream) events.push(event);
+  return { events, result: await stream.result() };
+}
+
+function withoutTimestamp<T extends { timestamp: number }>(message: T): Omit<T, "timestamp"> {
+  assert.equal(Number.isFinite(message.timestamp), true, "timestamp 必须是有限数字");
+  const { timestamp: _timestamp, ...rest } = message;
+  return rest;
+}
+
+function partialOf(event: ModelEvent): AssistantMessage {
+  assert.ok("partial" in event, `${event.type} 事件应当携带 partial`);
+  return event.partial;
+}
+
+const readDefinition: ToolDefinition = {
+  name: "read",
+  description: "读取文件",
+  parameters: { type: "object", properties: { path: { type: "string" } }, required: ["path"] },
+};
+
+// 一次性上下文：一条用户消息，可选带工具。
+function askContext(question: string, tools?: ToolDefinition[]): AgentContext {
+  const context: AgentContext = { messages: [userMessage(question)] };
+  if (tools) context.tools = tools;
+  return context;
+}
+
+// ---- 127.0.0.1 上的真实 SSE 服务器 ----------------------------------------
+
+interface RecordedRequest {
+  method: string;
+  url: string;
+  headers: http.IncomingHttpHeaders;
+  body: string;
+}
+
+type Script = (response: http.ServerResponse, request: RecordedRequest) => Promise<void>;
+
+async function startProvider(
+  t: TestContext,
+  script: Script,
+): Promise<{ origin: string; requests: RecordedRequest[] }> {
+  const requests: RecordedRequest[] = [];
+  const server = http.createServer((req, res) => {
+    const parts: Buffer[] = [];
+    req.on("data", (part: Buffer) => parts.push(part));
+    req.on("end", () => {
+      const recorded: RecordedRequest = {
+        method: req.method ?? "",
+        url: req.url ?? "",
+        headers: req.headers,
+        body: Buffer.concat(parts).toString("utf8"),
+      };
+      requests.push(recorded);
+      script(res, recorded).catch((error: unknown) => res.destroy(error as Error));
+    });
+  });
+  server.listen(0, "127.0.0.1");
+  await once(server, "listening");
+  t.after(async () => {
+    server.closeAllConnections();
+    server.close();
+    await once(server, "close");
+  });
+  const { port } = server.address() as AddressInfo;
+  return { origin: `http://127.0.0.1:${port}`, requests };
+}
+
+function nextTurn(): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, 2));
+}
+
+function openSse(response: http.ServerResponse): void {
+  response.writeHead(200, { "content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache" });
+  response.socket?.setNoDelay(true);
+}
+
+/** 把原始 SSE 文本分成几段写出去，每段之间让出事件循环，尽量让它们分批到达客户端。 */
+async function writePieces(response: http.ServerResponse, pieces: string[]): Promise<void> {
+  for (const piece of pieces) {
+    response.write(piece);
+    await nextTurn();
+  }
+}
+
+function frame(payload: unknown): string {
+  return `data: ${typeof payload === "string" ? payload : JSON.stringify(payload)}\n\n`;
+}
+
+/** 一个 OpenAI 风格的流式块：每块带一个 choice，并像 include_usage 时那样带 "usage": null。 */
+function chunk(delta: Record<string, unknown>, finishReason: string | null = null): Record<string, unknown> {
+  return {
+    id: "chatcmpl-course",
+    object: "chat.completion.chunk",
+    model: "course-model",
+    choices: [{ index: 0, delta, finish_reason: finishReason }],
+    usage: null,
+  };
+}
+
+/** 一个先同步 SSE 再结束的剧本。 */
+function serveFrames(frames: string[]): Script {
+  return async (response) => {
+    openSse(response);
+    await writePieces(response, frames);
+    response.end();
+  };
+}
+
+// ---- 记录调用的 fetch ------------------------------------------------------
+
+interface FetchCall {
+  input: string;
+  init: RequestInit | undefined;
+}
+
+function inputUrl(input: Parameters<typeof fetch>[0]): string {
+  if (typeof input === "string") return input;
+  if (input instanceof URL) return input.href;
+  return input.url;
+}
+
+/** 真实的 globalThis.fetch 外面套一层记录；oneByteAtATime 让响应体一次只交出一个字节。 */
+function recordingFetch(options: { oneByteAtATime?: boolean } = {}): { fetch: typeof fetch; calls: FetchCall[] } {
+  const calls: FetchCall[] = [];
+  const wrapped: typeof fetch = async (input, init) => {
+    calls.push({ input: inputUrl(input), init });
+    const response = await globalThis.fetch(input, init);
+    if (!options.oneByteAtATime || !response.body) return response;
+    const splitter = new TransformStream<Uint8Array, Uint8Array>({
+      transform(bytes, controller) {
+        for (const byte of bytes) controller.enqueue(Uint8Array.of(byte));
+      },
+    });
+    return new Response(response.body.pipeThrough(splitter), {
+      status: response.status,
+      headers: response.headers,
+    });
+  };
+  return { fetch: wrapped, calls };
+}
+
+/** 截获本测试期间的 console 输出，最后检查密钥既不在日志里，也不在给定的值里。 */
+function guardSecret(t: TestContext): (...values: unknown[]) => void {
+  const logged: string[] = [];
+  for (const method of ["log", "info", "warn", "error", "debug"] as const) {
+    t.mock.method(console, method, (...args: unknown[]) => {
+      logged.push(args.map((arg) => (arg instanceof Error ? `${arg.message}\n${arg.stack}` : String(arg))).join(" "));
+    });
+  }
+  return (...values) => {
+    for (const line of logged) assert.equal(line.includes(API_KEY), false, `日志里出现了密钥：${line}`);
+    for (const value of values) {
+      const serialized = value instanceof Error ? `${value.message}\n${value.stack}` : JSON.stringify(value);
+      assert.equal(serialized.includes(API_KEY), false, "密钥泄漏到了错误或事件里");
+    }
+  };
+}
+
+// ---------------------------------------------------------------------------
+// Lab 5.1 · 出站映射
+// ---------------------------------------------------------------------------
+
+test("Lab 5.1 · 四种角色映射成线格式：原始参数优先、多段文本换行拼接、工具包一层 function", () => {
+  const context: AgentContext = {
+    messages: [
+      { role: "user", content: [text("看看 README"), text("再列一下目录")], timestamp: 1 },
+      assistantMessage(
+        [
+          text("好的，"),
+          { type: "toolCall", id: "call-read", name: "read", arguments: { path: "stale" }, rawArguments: '{"path":"README.md"}' },
+          text("顺便列目录。"),
+          { type: "toolCall", id: "call-ls", name: "ls", arguments: { dir: "." } },
+        ],
+        "toolUse",
+        { timestamp: 2 },
+      ),
+      {
+        role: "toolResult",
+        toolCallId: "call-read",
+        toolName: "read",
+        content: [text("# Pi"), text("一个编码 agent")],
+        isError: false,
+        timestamp: 3,
+      },
+      {
+        role: "toolResult",
+        toolCallId: "call-ls",
+        toolName: "ls",
+        content: [text("README.md")],
+        details: { entries: 1 },
+        isError: false,
+        timestamp: 4,
+      },
+      assistantMessage([{ type: "toolCall", id: "call-empty", name: "pwd", arguments: undefined }], "toolUse", {
+        timestamp: 5,
+      }),
+      {
+        role: "toolResult",
+        toolCallId: "call-empty",
+        toolName: "pwd",
+        content: [text("/repo")],
+        isError: false,
+        timestamp: 6,
+      },
+      assistantMessage([text("README 只有一个标题。")], "stop", { timestamp: 7 }),
+    ],
+    tools: [readDefinition],
+  };
+  const before = structuredClone(context);
+
+  assert.deepEqual(toProviderMessages(context), [
+    { role: "user", content: "看看 README\n再列一下目录" },
+    {
+      role: "assistant",
+      content: "好的，\n顺便列目录。",
+      tool_calls: [
+        { id: "call-read", type: "function", function: { name: "read", arguments: '{"path":"README.md"}' } },
+        { id: "call-ls", type: "function", function: { name: "ls", arguments: '{"dir":"."}' } },
+      ],
+    },
+    { role: "tool", tool_call_id: "call-read", name: "read", content: "# Pi\n一个编码 agent" },
+    { role: "tool", tool_call_id: "call-ls", name: "ls", content: "README.md" },
+    {
+      role: "assistant",
+      content: null,
+      tool_calls: [{ id: "call-empty", type: "function", function: { name: "pwd", arguments: "{}" } }],
+    },
+    { role: "tool", tool_call_id: "call-empty", name: "pwd", content: "/repo" },
+    { role: "assistant", content: "README 只有一个标题。" },
+  ]);
+
+  assert.deepEqual(toProviderTools(context.tools), [
+    {
+      type: "function",
+      function: { name: "read", description: "读取文件", parameters: readDefinition.parameters },
+    },
+  ]);
+  assert.equal(toProviderTools(undefined), undefined);
+  assert.equal(toProviderTools([]), undefined);
+  assert.deepEqual(context, before, "出站映射不能修改 context");
+});
+
+test("Lab 5.1 · 多条 system 折叠成开头一条，内容等于重放结果；没有 system 就不发", () => {
+  const messages: AgentContext["messages"] = [
+    { role: "system", content: "You are Pi.", sections: { rules: "RULE v1", scratch: "草稿" }, timestamp: 10 },
+    { role: "user", content: [text("第一问")], timestamp: 11 },
+    assistantMessage([text("第一答")], "stop", { timestamp: 12 }),
+    { role: "system", content: "", sections: { rules: "RULE v2", scratch: null }, timestamp: 13 },
+    { role: "system", content: "Prefer small diffs.", timestamp: 14 },
+    { role: "user", content: [text("第二问")], timestamp: 15 },
+  ];
+  const context: AgentContext = { messages };
+  const before = structuredClone(context);
+
+  const wire = toProviderMessages(context);
+  const prompt = currentSystemPrompt(messages);
+  assert.equal(prompt, "You are Pi.\n\nPrefer small diffs.\n\nRULE v2");
+  assert.deepEqual(wire, [
+    { role: "system", content: prompt },
+    { role: "user", content: "第一问" },
+    { role: "assistant", content: "第一答" },
+    { role: "user", content: "第二问" },
+  ]);
+  assert.equal(wire.filter((message) => message.role === "system").length, 1);
+  assert.deepEqual(context, before, "折叠只发生在线格式里，transcript 保持原样");
+
+  const plain = toProviderMessages({ messages: [userMessage("没有 system")] });
+  assert.deepEqual(plain, [{ role: "user", content: "没有 system" }]);
+
+  const emptySystem = toProviderMessages({
+    messages: [{ role: "system", content: "", timestamp: 1 }, userMessage("空 system")],
+  });
+  assert.deepEqual(emptySystem, [{ role: "user", content: "空 system" }], "重放结果为空串时不发 system");
+});
+
+// ---------------------------------------------------------------------------
+// Lab 5.2 · 适配器：ProviderChunk → ModelEvent
+// ---------------------------------------------------------------------------
+
+function adapterPartial(content: AssistantMessage["content"], stopReason: AssistantMessage["stopReason"] = "stop") {
+  return {
+    role: "assistant",
+    content,
+    provider: "course",
+    model: "course-model",
+    usage: { input: 0, output: 0, totalTokens: 0 },
+    stopReason,
+  };
+}
+
+test("Lab 5.2 · 交错的工具槽按首次出现排位，每个 partial 都是独立快照，结束时按内容顺序解析参数", { timeout: 1_000 }, async () => {
+  const chunks: ProviderChunk[] = [
+    { type: "tool", index: 4, id: "call-read", name: "read", argumentsDelta: '{"path":' },
+    { type: "text", delta: "先读 README" },
+    { type: "tool", index: 2, id: "call-ls", name: "ls", argumentsDelta: '{"dir"' },
+    { type: "tool", index: 4, argumentsDelta: '"README.md"}' },
+    { type: "text", delta: "，再列目录。" },
+    { type: "tool", index: 2, argumentsDelta: ':"."}' },
+    { type: "finish", reason: "tool_calls", usage: { input: 7, output: 5 } },
+  ];
+  const transport = fixedTransport(chunks);
+  const model = createOpenAICompatibleModel({ provider: "course", model: "course-model", transport });
+
+  const { events, result } = await consume(model.stream(askContext("看看仓库", [readDefinition])));
+
+  assert.deepEqual(
+    events.map((event) => event.type),
+    [
+      "start",
+      "toolcall_delta",
+      "text_delta",
+      "toolcall_delta",
+      "toolcall_delta",
+      "text_delta",
+      "toolcall_delta",
+      "toolcall_end",
+      "toolcall_end",
+      "done",
+    ],
+  );
+  const streaming = (id: string, name: string, raw: string) => ({
+    type: "toolCall" as const,
+    id,
+    name,
+    arguments: raw,
+    rawArguments: raw,
+  });
+  const read = (raw: string) => streaming("call-read", "read", raw);
+  const ls = (raw: string) => streaming("call-ls", "ls", raw);
+
+  // 每个事件携带的 partial 都按当时的样子保留下来，后面的事件不能改动它。
+  const expectedPartials = [
+    [],
+    [read('{"path":')],
+    [read('{"path":'), text("先读 README")],
+    [read('{"path":'), text("先读 README"), ls('{"dir"')],
+    [read('{"path":"README.md"}'), text("先读 README"), ls('{"dir"')],
+    [read('{"path":"README.md"}'), text("先读 README，再列目录。"), ls('{"dir"')],
+    [read('{"path":"README.md"}'), text("先读 README，再列目录。"), ls('{"dir":"."}')],
+  ];
+  expectedPartials.forEach((content, position) => {
+    const partial = partialOf(events[position]!);
+    assert.deepEqual(withoutTimestamp(partial), adapterPartial(content), `第 ${position} 个事件的 partial`);
+    assert.equal(Object.hasOwn(partial, "errorMessage"), false, "partial 不能带 errorMessage 键");
+  });
+  const partials = events.filter((event) => "partial" in event).map(partialOf);
+  assert.equal(new Set(partials).size, partials.length, "每个 partial 必须是新对象");
+
+  const deltas = events.filter((event) => event.type === "toolcall_delta" || event.type === "text_delta");
+  assert.deepEqual(
+    deltas.map((event) => [event.type, event.contentIndex, event.delta]),
+    [
+      ["toolcall_delta", 0, '{"path":'],
+      ["text_delta", 1, "先读 README"],
+      ["toolcall_delta", 2, '{"dir"'],
+      ["toolcall_delta", 0, '"README.md"}'],
+      ["text_delta", 1, "，再列目录。"],
+      ["toolcall_delta", 2, ':"."}'],
+    ],
+  );
+
+  const parsedRead = { type: "toolCall" as const, id: "call-read", name: "read", arguments: { path: "README.md" }, rawArguments: '{"path":"README.md"}' };
+  const parsedLs = { type: "toolCall" as const, id: "call-ls", name: "ls", arguments: { dir: "." }, rawArguments: '{"dir":"."}' };
+  const ends = events.filter((event) => event.type === "toolcall_end");
+  assert.deepEqual(
+    ends.map((event) => [event.contentIndex, event.toolCall]),
+    [
+      [0, parsedRead],
+      [2, parsedLs],
+    ],
+  );
+  assert.deepEqual(ends[0]!.partial.content, [parsedRead, text("先读 README，再列目录。"), ls('{"dir":"."}')]);
+  assert.deepEqual(ends[1]!.partial.content, [parsedRead, text("先读 README，再列目录。"), parsedLs]);
+
+  const done = events.at(-1)!;
+  assert.equal(done.type, "done");
+  assert.equal(done.reason, "toolUse");
+  assert.equal(done.message, result, "done.message 与 result() 必须是同一个对象");
+  assert.deepEqual(withoutTimestamp(result), {
+    role: "assistant",
+    content: [parsedRead, text("先读 README，再列目录。"), parsedLs],
+    provider: "course",
+    model: "course-model",
+    usage: { input: 7, output: 5, totalTokens: 12 },
+    stopReason: "toolUse",
+  });
+  assert.equal(Object.hasOwn(result, "errorMessage"), false);
+});
+
+test("Lab 5.2 · 传输中途抛错或请求已中止，都以 error 事件收尾并保留已到的内容", { timeout: 1_000 }, async () => {
+  const broken: ProviderTransport = {
+    async *stream() {
+      yield { type: "text", delta: "写到一半" };
+      throw new Error("socket hang up");
+    },
+  };
+  const model = createOpenAICompatibleModel({ provider: "course", model: "course-model", transport: broken });
+  const { events, result } = await consume(model.stream(askContext("写点东西")));
+
+  assert.deepEqual(
+    events.map((event) => event.type),
+    ["start", "text_delta", "error"],
+  );
+  const last = events.at(-1)!;
+  assert.equal(last.type, "error");
+  assert.equal(last.reason, "error");
+  assert.equal(last.error, result, "error 事件携带的消息就是 result()");
+  assert.deepEqual(withoutTimestamp(result), {
+    role: "assistant",
+    content: [text("写到一半")],
+    provider: "course",
+    model: "course-model",
+    usage: { input: 0, output: 0, totalTokens: 0 },
+    stopReason: "error",
+    errorMessage: "socket hang up",
+  });
+
+  const controller = new AbortController();
+  controller.abort();
+  const quiet = createOpenAICompatibleModel({
+    provider: "course",
+    model: "course-model",
+    transport: fixedTransport([
+      { type: "text", delta: "不该出现" },
+      { type: "finish", reason: "stop" },
+    ]),
+  });
+  const aborted = await consume(quiet.stream(askContext("算了"), { signal: controller.signal }));
+  assert.equal(aborted.events.at(-1)!.type, "error");
+  assert.equal(aborted.result.stopReason, "aborted");
+  assert.deepEqual(aborted.result.content, []);
+  assert.equal(aborted.result.errorMessage, "Request was aborted");
+});
+
+test("Lab 5.2 · length 截断时参数保持原始字符串；toolUse 却给了残缺 JSON 则报错", { timeout: 1_000 }, async () => {
+  const truncated = '{"path":"notes.md","content":"第一行\\n第二';
+  const lengthModel = createOpenAICompatibleModel({
+    provider: "course",
+    model: "course-model",
+    transport: fixedTransport([
+      { type: "tool", index: 0, id: "call-write", name: "write", argumentsDelta: truncated },
+      { type: "finish", reason: "length", usage: { input: 3, output: 9, totalTokens: 12 } },
+    ]),
+  });
+  const { events, result } = await consume(lengthModel.stream(askContext("写笔记")));
+
+  const cut = { type: "toolCall" as const, id: "call-write", name: "write", arguments: truncated, rawArguments: truncated };
+  assert.deepEqual(
+    events.map((event) => event.type),
+    ["start", "toolcall_delta", "toolcall_end", "done"],
+  );
+  const end = events[2]!;
+  assert.equal(end.type, "toolcall_end");
+  assert.deepEqual(end.toolCall, cut);
+  assert.equal(result.stopReason, "length");
+  assert.deepEqual(result.content, [cut]);
+  assert.deepEqual(result.usage, { input: 3, output: 9, totalTokens: 12 });
+
+  const brokenModel = createOpenAICompatibleModel({
+    provider: "course",
+    model: "course-model",
+    transport: fixedTransport([
+      { type: "tool", index: 0, id: "call-write", name: "write", argumentsDelta: truncated },
+      { type: "finish", reason: "tool_calls" },
+    ]),
+  });
+  const broken = await consume(brokenModel.stream(askContext("写笔记")));
+  assert.equal(broken.events.at(-1)!.type, "error");
+  assert.equal(broken.result.stopReason, "error");
+  assert.equal(broken.result.errorMessage, "Tool write arguments 不是完整 JSON");
+  assert.deepEqual(broken.result.content, [cut], "出错时保留已经收到的原始参数");
+});
+
+// ---------------------------------------------------------------------------
+// Lab 5.3 · SSE 传输（真实的 127.0.0.1 服务器）
+// ---------------------------------------------------------------------------
+
+test("Lab 5.3 · 两个交错的工具调用加尾部用量块：逐字节到达也能还原参数、原文与用量", NETWORK_TIMEOUT, async (t) => {
+  const assertNoLeak = guardSecret(t);
+  // 这段 SSE 故意混入 CRLF、注释行、event 字段和跨两行的 data。
+  const sse = [
+    ": keep-alive\r\n\r\n",
+    'event: message\r\ndata: {"choices":[{"index":0,\r\ndata: "delta":{"role":"assistant","content":"我先看看说明"},"finish_reason":null}],"usage":null}\r\n\r\n',
+    frame(chunk({ tool_calls: [{ index: 0, id: "call_read", type: "function", function: { name: "read", arguments: "" } }] })),
+    frame(chunk({ tool_calls: [{ index: 1, id: "call_ls", type: "function", function: { name: "ls", arguments: '{"pa' } }] })),
+    frame(chunk({ tool_calls: [{ index: 0, function: { arguments: '{"path":"说明.md"' } }] })),
+    frame(
+      chunk({
+        tool_calls: [
+          { index: 1, function: { arguments: 'th":"."}' } },
+          { index: 0, function: { arguments: "}" } },
+        ],
+      }),
+    ),
+    frame(chunk({}, "tool_calls")),
+    frame({ id: "chatcmpl-course", choices: [], usage: { prompt_tokens: 12, completion_tokens: 8, total_tokens: 20 } }),
+    frame("[DONE]"),
+  ];
+  const server = await startProvider(t, serveFrames(sse));
+  const recorder = recordingFetch({ oneByteAtATime: true });
+  const transport = createOpenAICompatibleTransport({ baseUrl: `${server.origin}/v1`, apiKey: API_KEY, fetch: recorder.fetch });
+
+  // 先直接看传输层交出的 ProviderChunk。
+  const request: ProviderRequest = { model: "course-model", messages: [{ role: "user", content: "看看仓库" }] };
+  const chunks: ProviderChunk[] = [];
+  for await (const item of transport.stream(request, {})) chunks.push(item);
+  assert.deepEqual(chunks, [
+    { type: "text", delta: "我先看看说明" },
+    { type: "tool", index: 0, id: "call_read", name: "read", argumentsDelta: "" },
+    { type: "tool", index: 1, id: "call_ls", name: "ls", argumentsDelta: '{"pa' },
+    { type: "tool", index: 0, argumentsDelta: '{"path":"说明.md"' },
+    { type: "tool", index: 1, argumentsDelta: 'th":"."}' },
+    { type: "tool", index: 0, argumentsDelta: "}" },
+    { type: "finish", reason: "tool_calls", usage: { input: 12, output: 8, totalTokens: 20 } },
+  ]);
+
+  // 再接上适配器，看最终消息。
+  const model = createOpenAICompatibleModel({ provider: "local", model: "course-model", transport });
+  const { events, result } = await consume(model.stream(askContext("看看仓库", [readDefinition])));
+  assert.deepEqual(
+    events
+      .filter((event) => event.type === "toolcall_delta" || event.type === "text_delta")
+      .map((event) => [event.contentIndex, event.delta]),
+    [
+      [0, "我先看看说明"],
+      [1, ""],
+      [2, '{"pa'],
+      [1, '{"path":"说明.md"'],
+      [2, 'th":"."}'],
+      [1, "}"],
+    ],
+  );
+  assert.deepEqual(withoutTimestamp(result), {
+    role: "assistant",
+    content: [
+      text("我先看看说明"),
+      { type: "toolCall", id: "call_read", name: "read", arguments: { path: "说明.md" }, rawArguments: '{"path":"说明.md"}' },
+      { type: "toolCall", id: "call_ls", name: "ls", arguments: { path: "." }, rawArguments: '{"path":"."}' },
+    ],
+    provider: "local",
+    model: "course-model",
+    usage: { input: 12, output: 8, totalTokens: 20 },
+    stopReason: "toolUse",
+  });
+  assert.equal(server.requests.length, 2);
+  assert.equal(recorder.calls.length, 2);
+  assertNoLeak(chunks, events, result);
+});
+
+test("Lab 5.3 · 流结束却没有 finish_reason：以 error 收尾，已到的文本保留", NETWORK_TIMEOUT, async (t) => {
+  const assertNoLeak = guardSecret(t);
+  const server = await startProvider(
+    t,
+    serveFrames([frame(chunk({ role: "assistant", content: "半句" })), frame(chunk({ content: "话" })), frame("[DONE]")]),
+  );
+  const transport = createOpenAICompatibleTransport({ baseUrl: server.origin, apiKey: API_KEY });
+  const model = createOpenAICompatibleModel({ provider: "local", model: "course-model", transport });
+
+  const { events, result } = await consume(model.stream(askContext("说完整")));
+
+  assert.deepEqual(
+    events.map((event) => event.type),
+    ["start", "text_delta", "text_delta", "error"],
+  );
+  assert.equal(result.stopReason, "error");
+  assert.match(result.errorMessage ?? "", /without a finish chunk/);
+  assert.deepEqual(result.content, [text("半句话")]);
+  assert.equal(server.requests[0]!.url, "/chat/completions");
+  assertNoLeak(events, result);
+});
+
+test("Lab 5.3 · 流到一半中止：最后一个事件是 aborted，partial 保留，fetch 拿到的是同一个 signal", NETWORK_TIMEOUT, async (t) => {
+  const assertNoLeak = guardSecret(t);
+  let disconnected!: Promise<unknown>;
+  const server = await startProvider(t, async (response) => {
+    disconnected = once(response, "close");
+    openSse(response);
+    await writePieces(response, [frame(chunk({ role: "assistant", content: "正在思考" }))]);
+    // 不结束响应：只有客户端中止才会让连接关闭。
+  });
+  const recorder = recordingFetch();
+  const transport = createOpenAICompatibleTransport({ baseUrl: server.origin, apiKey: API_KEY, fetch: recorder.fetch });
+  const model = createOpenAICompatibleModel({ provider: "local", model: "course-model", transport });
+  const controller = new AbortController();
+
+  const events: ModelEvent[] = [];
+  const stream = model.stream(askContext("慢慢想"), { signal: controller.signal });
+  for await (const event of stream) {
+    events.push(event);
+    if (event.type === "text_delta") controller.abort();
+  }
+  const result = await stream.result();
+
+  assert.deepEqual(
+    events.map((event) => event.type),
+    ["start", "text_delta", "error"],
+  );
+  const last = events.at(-1)!;
+  assert.equal(last.type, "error");
+  assert.equal(last.reason, "aborted");
+  assert.equal(result.stopReason, "aborted");
+  assert.equal(result.errorMessage, "Request was aborted");
+  assert.deepEqual(result.content, [text("正在思考")]);
+  assert.equal(recorder.calls.length, 1);
+  assert.equal(recorder.calls[0]!.init?.signal, controller.signal, "fetch 必须拿到调用方的同一个 signal");
+  await disconnected; // 服务器确实看到连接被关掉。
+  assertNoLeak(events, result);
+});
+
+test("Lab 5.3 · 畸形负载都被拒绝为 Invalid provider chunk，之前到达的内容保留", NETWORK_TIMEOUT, async (t) => {
+  const assertNoLeak = guardSecret(t);
+  const greeting = frame(chunk({ role: "assistant", content: "你好" }));
+  const cases: Record<string, { frames: string[]; detail: RegExp }> = {
+    "/choices-object": { frames: [greeting, frame({ choices: { 0: { delta: { content: "x" } } } })], detail: /choices must be an array/ },
+    "/not-json": { frames: [greeting, frame("{this is not json")], detail: /not valid JSON/ },
+    "/bad-tool-index": {
+      frames: [greeting, frame(chunk({ tool_calls: [{ index: -1, function: { arguments: "{}" } }] }))],
+      detail: /tool_calls\[0\]\.index/,
+    },
+    "/after-finish": {
+      frames: [greeting, frame(chunk({}, "stop")), frame(chunk({ content: "多余" }))],
+      detail: /content arrived after finish_reason/,
+    },
+  };
+  const server = await startProvider(t, async (response, request) => {
+    const path = request.url.replace(/\/chat\/completions$/, "");
+    await serveFrames(cases[path]!.frames)(response, request);
+  });
+
+  for (const [path, { detail }] of Object.entries(cases)) {
+    const transport = createOpenAICompatibleTransport({ baseUrl: `${server.origin}${path}`, apiKey: API_KEY });
+    const model = createOpenAICompatibleModel({ provider: "local", model: "course-model", transport });
+    const { events, result } = await consume(model.stream(askContext("打个招呼")));
+    assert.equal(events.at(-1)!.type, "error", path);
+    assert.equal(result.stopReason, "error", path);
+    assert.match(result.errorMessage ?? "", /Invalid provider chunk/, path);
+    assert.match(result.errorMessage ?? "", detail, path);
+    assert.deepEqual(result.content, [text("你好")], path);
+    assertNoLeak(events, result);
+  }
+  assert.equal(server.requests.length, Object.keys(cases).length);
+});
+
+test("Lab 5.3 · 不支持的 finish_reason 报错且不泄漏密钥", NETWORK_TIMEOUT, async (t) => {
+  const assertNoLeak = guardSecret(t);
+  const server = await startProvider(
+    t,
+    serveFrames([frame(chunk({ role: "assistant", content: "这个问题" })), frame(chunk({}, "content_filter")), frame("[DONE]")]),
+  );
+  const transport = createOpenAICompatibleTransport({ baseUrl: `${server.origin}/v1/`, apiKey: API_KEY });
+  const model = createOpenAICompatibleModel({ provider: "local", model: "course-model", transport });
+
+  const { events, result } = await consume(model.stream(askContext("敏感问题")));
+
+  assert.equal(events.at(-1)!.type, "error");
+  assert.equal(result.stopReason, "error");
+  assert.match(result.errorMessage ?? "", /Invalid provider chunk/);
+  assert.match(result.errorMessage ?? "", /finish_reason/);
+  assert.deepEqual(result.content, [text("这个问题")]);
+  assertNoLeak(events, result);
+});
+
+// ---------------------------------------------------------------------------
+// Lab 5.4 · 请求形状与错误卫生
+// ---------------------------------------------------------------------------
+
+test("Lab 5.4 · 请求的地址、方法、signal、头和 JSON 体都精确，密钥只在 Authorization 头里", NETWORK_TIMEOUT, async (t) => {
+  const assertNoLeak = guardSecret(t);
+  const server = await startProvider(
+    t,
+    serveFrames([frame(chunk({ role: "assistant", content: "收到" })), frame(chunk({}, "stop")), frame("[DONE]")]),
+  );
+  assert.throws(
+    () => createOpenAICompatibleTransport({ baseUrl: "api.example.com/v1", apiKey: API_KEY }),
+    { message: "OpenAI-compatible baseUrl must be an absolute URL" },
+  );
+
+  const recorder = recordingFetch();
+  const transport = createOpenAICompatibleTransport({ baseUrl: `${server.origin}/v1//`, apiKey: API_KEY, fetch: recorder.fetch });
+  const request: ProviderRequest = {
+    model: "course-model",
+    messages: [
+      { role: "system", content: "You are Pi." },
+      { role: "user", content: "你好" },
+    ],
+    tools: toProviderTools([readDefinition]),
+  };
+  const controller = new AbortController();
+  const chunks: ProviderChunk[] = [];
+  for await (const item of transport.stream(request, { signal: controller.signal })) chunks.push(item);
+  assert.deepEqual(chunks, [
+    { type: "text", delta: "收到" },
+    { type: "finish", reason: "stop" },
+  ]);
+
+  assert.equal(recorder.calls.length, 1);
+  const { input, init } = recorder.calls[0]!;
+  assert.equal(input, `${server.origin}/v1/chat/completions`);
+  assert.equal(init?.method, "POST");
+  assert.equal(init?.signal, controller.signal, "fetch 必须拿到调用方的同一个 signal");
+  assert.deepEqual(new Headers(init?.headers).get("authorization"), `Bearer ${API_KEY}`);
+
+  const seen = server.requests[0]!;
+  assert.equal(seen.method, "POST");
+  assert.equal(seen.url, "/v1/chat/completions");
+  assert.equal(seen.headers.accept, "text/event-stream");
+  assert.equal(seen.headers.authorization, `Bearer ${API_KEY}`);
+  assert.equal(seen.headers["content-type"], "application/json");
+  assert.deepEqual(JSON.parse(seen.body), {
+    model: "course-model",
+    messages: [
+      { role: "system", content: "You are Pi." },
+      { role: "user", content: "你好" },
+    ],
+    tools: [
+      {
+        type: "function",
+        function: { name: "read", description: "读取文件", parameters: readDefinition.parameters },
+      },
+    ],
+    stream: true,
+    stream_options: { include_usage: true },
+  });
+  assert.equal(seen.body.includes(API_KEY), false, "请求体里不能有密钥");
+  for (const [name, value] of Object.entries(seen.headers)) {
+    if (name !== "authorization") assert.equal(String(value).includes(API_KEY), false, `请求头 ${name} 里不能有密钥`);
+  }
+
+  // 经适配器发出的请求：没有工具时 JSON 里干脆没有 tools 键。
+  const model = createOpenAICompatibleModel({ provider: "local", model: "course-model", transport });
+  const { result } = await consume(model.stream(askContext("不带工具")));
+  assert.equal(result.stopReason, "stop");
+  const bare = JSON.parse(server.requests[1]!.body) as Record<string, unknown>;
+  assert.deepEqual(Object.keys(bare).sort(), ["messages", "model", "stream", "stream_options"]);
+  assert.deepEqual(bare.messages, [{ role: "user", content: "不带工具" }]);
+  assertNoLeak(chunks, result);
+});
+
+test("Lab 5.4 · fetch 失败和 HTTP 错误里的密钥都被替换成 [redacted]", NETWORK_TIMEOUT, async (t) => {
+  const assertNoLeak = guardSecret(t);
+  const calls: FetchCall[] = [];
+  const failingFetch: typeof fetch = async (input, init) => {
+    calls.push({ input: inputUrl(input), init });
+    throw new TypeError(`connect failed while sending Bearer ${API_KEY}`, {
+      cause: new Error(`proxy rejected ${API_KEY}`),
+    });
+  };
+  const offline = createOpenAICompatibleTransport({
+    baseUrl: "https://provider.invalid/v1/",
+    apiKey: API_KEY,
+    fetch: failingFetch,
+  });
+
+  const thrown = await (async () => {
+    try {
+      for await (const _chunk of offline.stream({ model: "m", messages: [] }, {})) {
+        // 不会走到这里
+      }
+    } catch (error) {
+      return error;
+    }
+    return undefined;
+  })();
+  assert.ok(thrown instanceof Error, "传输应当抛出 Error");
+  assert.equal(Object.getPrototypeOf(thrown), Error.prototype, "对外只抛普通 Error");
+  assert.match(thrown.message, /\[redacted\]/);
+  assert.equal(thrown.cause, undefined, "不能把带密钥的 cause 带出去");
+  assert.equal(calls[0]!.input, "https://provider.invalid/v1/chat/completions");
+
+  const model = createOpenAICompatibleModel({ provider: "local", model: "course-model", transport: offline });
+  const failed = await consume(model.stream(askContext("联网")));
+  assert.equal(failed.result.stopReason, "error");
+  assert.match(failed.result.errorMessage ?? "", /\[redacted\]/);
+
+  // 真实服务器返回 401，并且（很不礼貌地）在响应体里回显了密钥。
+  const server = await startProvider(t, async (response, request) => {
+    response.writeHead(401, { "content-type": "application/json" });
+    response.end(JSON.stringify({ error: { message: `Incorrect API key provided: ${request.headers.authorization}` } }));
+  });
+  const rejected = createOpenAICompatibleTransport({ baseUrl: server.origin, apiKey: API_KEY });
+  const denied = await consume(
+    createOpenAICompatibleModel({ provider: "local", model: "course-model", transport: rejected }).stream(askContext("你好")),
+  );
+  assert.equal(denied.result.stopReason, "error");
+  assert.match(denied.result.errorMessage ?? "", /HTTP 401/);
+  assert.match(denied.result.errorMessage ?? "", /\[redacted\]/);
+
+  assertNoLeak(thrown, failed.events, failed.result, denied.events, denied.result);
+});

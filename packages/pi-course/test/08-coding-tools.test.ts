@@ -1,0 +1,532 @@
+import assert from "node:assert/strict";
+import { existsSync } from "node:fs";
+import { link, mkdir, mkdtemp, readdir, readFile, realpath, rm, stat, symlink, writeFile } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import test, { type TestContext } from "node:test";
+
+import { runAgentLoop } from "../src/agent-loop.js";
+import {
+  createCodingTools,
+  MutationQueue,
+  type BashDetails,
+  type CodingToolsOptions,
+  type EditDetails,
+  type ReadDetails,
+  type WriteDetails,
+} from "../src/coding-tools.js";
+import { ScriptedModel } from "../src/scripted-model.js";
+import { executeToolCall, type ToolRegistry } from "../src/tool.js";
+import {
+  assistantMessage,
+  text,
+  userMessage,
+  type AgentMessage,
+  type ToolCall,
+  type ToolResultMessage,
+} from "../src/types.js";
+
+// ---------------------------------------------------------------------------
+// 夹具
+// ---------------------------------------------------------------------------
+
+/** 每个测试自己的临时 workspace，测试结束时整个删掉。 */
+async function workspace(t: TestContext, topic: string): Promise<string> {
+  const root = await mkdtemp(path.join(os.tmpdir(), `pi-${topic}-`));
+  t.after(() => rm(root, { recursive: true, force: true }));
+  return root;
+}
+
+function tools(root: string, extra: Partial<CodingToolsOptions> = {}): ToolRegistry {
+  return createCodingTools({ cwd: root, containment: "workspace", ...extra });
+}
+
+let callCounter = 0;
+function call(name: string, args: unknown): ToolCall {
+  callCounter += 1;
+  return { type: "toolCall", id: `call-${callCounter}`, name, arguments: args };
+}
+
+async function run(
+  registry: ToolRegistry,
+  name: string,
+  args: unknown,
+  signal?: AbortSignal,
+): Promise<ToolResultMessage> {
+  return executeToolCall(call(name, args), registry, signal === undefined ? {} : { signal });
+}
+
+function outputOf(result: ToolResultMessage): string {
+  return result.content.map((block) => block.text).join("\n");
+}
+
+function detailsOf<T>(result: ToolResultMessage): T {
+  return result.details as T;
+}
+
+/** 断言工具成功；失败时把工具自己的输出放进断言消息，方便看清是哪一步没实现。 */
+function expectOk(result: ToolResultMessage): string {
+  assert.equal(result.isError, false, `工具返回了错误：${outputOf(result)}`);
+  return outputOf(result);
+}
+
+/** 取出 bash 的 details；拿到的若是执行器的失败结果，把它的文字放进断言消息。 */
+function bashDetails(result: ToolResultMessage): BashDetails {
+  const details = result.details as Partial<BashDetails> | undefined;
+  assert.equal(typeof details?.command, "string", `不是 bash 的运行结果：${outputOf(result)}`);
+  return details as BashDetails;
+}
+
+function expectError(result: ToolResultMessage, pattern: RegExp): void {
+  assert.match(outputOf(result), pattern, `期望错误匹配 ${pattern}，实际输出：${outputOf(result)}`);
+  assert.equal(result.isError, true, outputOf(result));
+}
+
+async function waitForFile(file: string): Promise<void> {
+  for (let attempt = 0; attempt < 400; attempt += 1) {
+    if (existsSync(file)) return;
+    await new Promise((resolve) => setTimeout(resolve, 5));
+  }
+  throw new Error(`等待文件超时：${file}`);
+}
+
+function deferred<T = void>(): { promise: Promise<T>; resolve(value: T): void } {
+  let resolve!: (value: T) => void;
+  const promise = new Promise<T>((settle) => {
+    resolve = settle;
+  });
+  return { promise, resolve };
+}
+
+/** 替换 MutationQueue.prototype.run，记录每次调用的 key 与 this；测试结束时还原。 */
+function recordMutationRuns(t: TestContext): Array<{ key: string; queue: MutationQueue }> {
+  const runs: Array<{ key: string; queue: MutationQueue }> = [];
+  const original = MutationQueue.prototype.run;
+  MutationQueue.prototype.run = function <T>(this: MutationQueue, key: string, operation: () => Promise<T>) {
+    runs.push({ key, queue: this });
+    return original.call(this, key, operation) as Promise<T>;
+  };
+  t.after(() => {
+    MutationQueue.prototype.run = original;
+  });
+  return runs;
+}
+
+async function leftoverTemporaries(root: string): Promise<string[]> {
+  const entries = await readdir(root, { recursive: true });
+  return entries.filter((entry) => entry.includes(".pi-tmp-"));
+}
+
+// ---------------------------------------------------------------------------
+// Lab 8.1 · read（unrestricted 模式：这一段只关心读窗口，路径边界留给 Lab 8.2）
+// ---------------------------------------------------------------------------
+
+test("Lab 8.1 · 行数上限与 offset：只显示窗口内的行，并给出续读位置", async (t) => {
+  const root = await workspace(t, "read-lines");
+  const file = path.join(root, "four.txt");
+  await writeFile(file, "one\ntwo\nthree\nfour");
+  const registry = tools(root, { containment: "unrestricted", maxReadLines: 2 });
+
+  const window = await run(registry, "read", { path: "four.txt", offset: 2, limit: 9 });
+  const output = expectOk(window);
+  assert.equal(output, "   2│ two\n   3│ three\n\n[已显示第 2-3 行，共 4 行；继续读取：offset=4]");
+  assert.match(output, /offset=4/);
+  assert.deepEqual(detailsOf<ReadDetails>(window), {
+    path: file,
+    bytes: 18,
+    lines: 4,
+    startLine: 2,
+    endLine: 3,
+    truncated: true,
+  });
+
+  const tail = await run(registry, "read", { path: "four.txt", offset: 4 });
+  assert.equal(expectOk(tail), "   4│ four");
+  assert.equal(detailsOf<ReadDetails>(tail).truncated, false);
+
+  const beyond = await run(registry, "read", { path: "four.txt", offset: 5 });
+  expectError(beyond, /offset=5 超出文件范围；文件共 4 行/);
+});
+
+test("Lab 8.1 · 字节预算：只返回放得下的完整行，续读从下一行开始，一行都放不下就报错", async (t) => {
+  const root = await workspace(t, "read-bytes");
+  await writeFile(path.join(root, "mixed.txt"), `alpha\n${"b".repeat(200)}\ncharlie`);
+  await writeFile(path.join(root, "wide.txt"), "w".repeat(300));
+
+  const small = tools(root, { containment: "unrestricted", maxReadBytes: 120 });
+  const first = await run(small, "read", { path: "mixed.txt" });
+  const output = expectOk(first);
+  assert.equal(output, "   1│ alpha\n\n[已显示第 1-1 行，共 3 行；继续读取：offset=2]");
+  assert.ok(Buffer.byteLength(output, "utf8") <= 120);
+  assert.equal(detailsOf<ReadDetails>(first).endLine, 1);
+  assert.equal(detailsOf<ReadDetails>(first).truncated, true);
+
+  const larger = tools(root, { containment: "unrestricted", maxReadBytes: 1_000 });
+  const next = await run(larger, "read", { path: "mixed.txt", offset: 2 });
+  const rest = expectOk(next);
+  assert.ok(rest.startsWith(`   2│ ${"b".repeat(200)}\n`), rest.slice(0, 40));
+  assert.ok(rest.endsWith("   3│ charlie"));
+  assert.deepEqual(detailsOf<ReadDetails>(next), {
+    path: path.join(root, "mixed.txt"),
+    bytes: 214,
+    lines: 3,
+    startLine: 2,
+    endLine: 3,
+    truncated: false,
+  });
+
+  const tiny = tools(root, { containment: "unrestricted", maxReadBytes: 64 });
+  expectError(await run(tiny, "read", { path: "wide.txt" }), /无法返回从第 1 行开始的完整可续读结果/);
+});
+
+// ---------------------------------------------------------------------------
+// Lab 8.2 · 路径边界
+// ---------------------------------------------------------------------------
+
+test("Lab 8.2 · workspace 拒绝词法越界和经由符号链接的逃逸，外部文件毫发无损", async (t) => {
+  const root = await workspace(t, "contain");
+  const outside = await workspace(t, "outside");
+  const secret = path.join(outside, "secret.txt");
+  await writeFile(secret, "secret");
+  await symlink(outside, path.join(root, "escape"));
+  await mkdir(path.join(root, "docs"));
+  await writeFile(path.join(root, "docs", "note.txt"), "inside");
+  await symlink(path.join(root, "docs"), path.join(root, "docs-link"));
+  const registry = tools(root);
+
+  // 词法越界：绝对路径或 ../ 指到 workspace 外。
+  const lexical = await run(registry, "write", { path: path.join(outside, "new.txt"), content: "x" });
+  assert.equal(
+    outputOf(lexical),
+    `Tool write failed: 路径越过教学 workspace：${path.join(outside, "new.txt")}`,
+    `词法越界的错误文字不对，实际输出：${outputOf(lexical)}`,
+  );
+  expectError(await run(registry, "edit", { path: secret, oldText: "secret", newText: "owned" }), /路径越过教学 workspace/);
+  expectError(await run(registry, "read", { path: secret }), /路径越过教学 workspace/);
+  expectError(await run(registry, "read", { path: `../${path.basename(outside)}/secret.txt` }), /路径越过教学 workspace/);
+
+  // 词法上在里面，真实路径却在外面：已存在的文件和准备新建的文件都要拦住。
+  expectError(await run(registry, "write", { path: "escape/secret.txt", content: "owned" }), /符号链接越过教学 workspace/);
+  expectError(await run(registry, "write", { path: "escape/created.txt", content: "x" }), /符号链接越过教学 workspace/);
+  expectError(await run(registry, "edit", { path: "escape/secret.txt", oldText: "secret", newText: "owned" }), /符号链接越过教学 workspace/);
+  expectError(await run(registry, "read", { path: "escape/secret.txt" }), /符号链接越过教学 workspace/);
+
+  assert.equal(await readFile(secret, "utf8"), "secret");
+  assert.deepEqual(await readdir(outside), ["secret.txt"]);
+
+  // 指向 workspace 内部的符号链接照常可用，details.path 保持词法路径而不是真实路径。
+  const inside = await run(registry, "read", { path: "docs-link/note.txt" });
+  assert.equal(expectOk(inside), "   1│ inside");
+  assert.equal(detailsOf<ReadDetails>(inside).path, path.join(root, "docs-link", "note.txt"));
+});
+
+// ---------------------------------------------------------------------------
+// Lab 8.3 · write 与修改队列
+// ---------------------------------------------------------------------------
+
+test("Lab 8.3 · write 原子替换目录项，覆盖目录时失败且不留临时文件", async (t) => {
+  const root = await workspace(t, "write");
+  const runs = recordMutationRuns(t);
+  const registry = tools(root);
+  const file = path.join(root, "nested", "deep", "note.txt");
+
+  const created = await run(registry, "write", { path: "nested/deep/note.txt", content: "first" });
+  expectOk(created);
+  assert.deepEqual(detailsOf<WriteDetails>(created), { path: file, bytes: 5 });
+  assert.equal(await readFile(file, "utf8"), "first");
+
+  // 硬链接见证：原子替换换掉的是目录项，旧 inode 上的内容不该被改写。
+  const witness = path.join(root, "witness.txt");
+  await link(file, witness);
+  const replaced = await run(registry, "write", { path: "nested/deep/note.txt", content: "第二版" });
+  expectOk(replaced);
+  assert.deepEqual(detailsOf<WriteDetails>(replaced), { path: file, bytes: 9 });
+  assert.equal(await readFile(file, "utf8"), "第二版");
+  assert.equal(await readFile(witness, "utf8"), "first");
+
+  const directory = path.join(root, "occupied");
+  await mkdir(directory);
+  await writeFile(path.join(directory, "keep.txt"), "keep");
+  const onDirectory = await run(registry, "write", { path: "occupied", content: "boom" });
+  assert.equal(onDirectory.isError, true, outputOf(onDirectory));
+  assert.equal((await stat(directory)).isDirectory(), true);
+  assert.equal(await readFile(path.join(directory, "keep.txt"), "utf8"), "keep");
+
+  assert.deepEqual(
+    runs.map((entry) => entry.key),
+    [file, file, directory],
+  );
+  assert.ok(runs.every((entry) => entry.queue === runs[0].queue), "write 必须共用同一个队列实例");
+  assert.deepEqual(await leftoverTemporaries(root), []);
+});
+
+test("Lab 8.3 · MutationQueue：同 key 串行、异 key 不等待、失败不卡住后来者", { timeout: 2_000 }, async () => {
+  const queue = new MutationQueue();
+  const log: string[] = [];
+  const gate = deferred();
+
+  const first = queue.run("a", async () => {
+    log.push("a1:start");
+    await gate.promise;
+    log.push("a1:end");
+    return 1;
+  });
+  const second = queue.run("a", async () => {
+    log.push("a2");
+    return 2;
+  });
+  const other = queue.run("b", async () => {
+    log.push("b");
+    return 3;
+  });
+
+  assert.equal(await other, 3, "另一个 key 不该等 a 的第一个操作");
+  assert.deepEqual(log, ["a1:start", "b"]);
+  gate.resolve();
+  assert.deepEqual(await Promise.all([first, second]), [1, 2]);
+  assert.deepEqual(log, ["a1:start", "b", "a1:end", "a2"]);
+
+  const failing = queue.run("c", async () => {
+    log.push("c1");
+    throw new Error("c1 坏了");
+  });
+  const after = queue.run("c", async () => {
+    log.push("c2");
+    return "c2 照常执行";
+  });
+  await assert.rejects(failing, /c1 坏了/);
+  assert.equal(await after, "c2 照常执行");
+  assert.deepEqual(log.slice(-2), ["c1", "c2"]);
+});
+
+// ---------------------------------------------------------------------------
+// Lab 8.4 · edit
+// ---------------------------------------------------------------------------
+
+test("Lab 8.4 · 一批有先后依赖的精确替换一次写回，newText 为空即删除", async (t) => {
+  const root = await workspace(t, "edit");
+  const runs = recordMutationRuns(t);
+  const registry = tools(root);
+  const file = path.join(root, "status.txt");
+  await writeFile(file, "alpha beta\nkeep me\n");
+  const witness = path.join(root, "witness.txt");
+  await link(file, witness);
+
+  const batch = await run(registry, "edit", {
+    path: "status.txt",
+    edits: [
+      { oldText: "alpha", newText: "gamma" },
+      { oldText: "gamma beta", newText: "done" },
+    ],
+  });
+  expectOk(batch);
+  assert.equal(await readFile(file, "utf8"), "done\nkeep me\n");
+  assert.equal(await readFile(witness, "utf8"), "alpha beta\nkeep me\n");
+  assert.deepEqual(detailsOf<EditDetails>(batch), { path: file, oldBytes: 19, newBytes: 13, edits: 2 });
+
+  const removal = await run(registry, "edit", { path: "status.txt", oldText: "keep me\n", newText: "" });
+  expectOk(removal);
+  assert.equal(await readFile(file, "utf8"), "done\n");
+  assert.deepEqual(detailsOf<EditDetails>(removal), { path: file, oldBytes: 13, newBytes: 5, edits: 1 });
+
+  const single = await run(registry, "edit", { path: "status.txt", edits: [{ oldText: "done", newText: "完成" }] });
+  expectOk(single);
+  assert.equal(await readFile(file, "utf8"), "完成\n");
+
+  assert.deepEqual(
+    runs.map((entry) => entry.key),
+    [file, file, file],
+  );
+  assert.ok(runs.every((entry) => entry.queue === runs[0].queue), "edit 必须共用同一个队列实例");
+  assert.deepEqual(await leftoverTemporaries(root), []);
+});
+
+test("Lab 8.4 · 空批次、空 oldText、多处匹配、半批失败都报错，文件一字节不变", async (t) => {
+  const root = await workspace(t, "edit-fail");
+  const registry = tools(root);
+  const file = path.join(root, "words.txt");
+  const original = "one two two\nthree\n";
+  await writeFile(file, original);
+
+  const cases: Array<{ args: unknown; pattern: RegExp }> = [
+    { args: { path: "words.txt", edits: [] }, pattern: /edits 不能为空/ },
+    { args: { path: "words.txt", oldText: "", newText: "x" }, pattern: /edits\[0\]\.oldText 不能为空/ },
+    { args: { path: "words.txt", oldText: "two", newText: "2" }, pattern: /edits\[0\] 匹配多次；请提供更精确的上下文/ },
+    {
+      args: {
+        path: "words.txt",
+        edits: [
+          { oldText: "one", newText: "1" },
+          { oldText: "four", newText: "4" },
+        ],
+      },
+      pattern: /edits\[1\] 没有匹配/,
+    },
+  ];
+  for (const { args, pattern } of cases) {
+    expectError(await run(registry, "edit", args), pattern);
+    assert.equal(await readFile(file, "utf8"), original, `失败后文件必须保持原样：${pattern}`);
+  }
+  assert.deepEqual(await leftoverTemporaries(root), []);
+});
+
+// ---------------------------------------------------------------------------
+// Lab 8.5 · bash
+// ---------------------------------------------------------------------------
+
+test("Lab 8.5 · bash 在 workspace 里运行，保留退出码，guardrail 拦住显式越界路径", async (t) => {
+  const root = await workspace(t, "bash");
+  const registry = tools(root);
+
+  const ok = await run(registry, "bash", { command: "printf 'ok\\n'; pwd" });
+  const output = expectOk(ok);
+  assert.ok(output.startsWith("ok\n"), output);
+  assert.equal(output.trimEnd().split("\n").at(-1), await realpath(root));
+  assert.deepEqual(bashDetails(ok), {
+    command: "printf 'ok\\n'; pwd",
+    exitCode: 0,
+    timedOut: false,
+    aborted: false,
+    truncated: false,
+  });
+
+  const failed = await run(registry, "bash", { command: "printf 'broken\\n' >&2; exit 7" });
+  assert.equal(failed.isError, true, outputOf(failed));
+  assert.equal(outputOf(failed), "broken\n");
+  assert.equal(bashDetails(failed).exitCode, 7);
+  assert.equal(bashDetails(failed).timedOut, false);
+
+  const escapeName = `${path.basename(root)}-escaped.txt`;
+  const absoluteTarget = path.join(os.tmpdir(), `${path.basename(root)}-absolute.txt`);
+  expectError(await run(registry, "bash", { command: `printf x > ../${escapeName}` }), /guardrail/);
+  expectError(await run(registry, "bash", { command: `printf x > ${absoluteTarget}` }), /guardrail/);
+  assert.equal(existsSync(path.join(path.dirname(root), escapeName)), false);
+  assert.equal(existsSync(absoluteTarget), false);
+});
+
+test("Lab 8.5 · 预先取消的 signal：不启动命令，直接返回 aborted", async (t) => {
+  const root = await workspace(t, "bash-preabort");
+  const controller = new AbortController();
+  controller.abort();
+
+  const result = await run(tools(root), "bash", { command: "printf started > started.txt" }, controller.signal);
+  assert.equal(result.isError, true, outputOf(result));
+  assert.deepEqual(bashDetails(result), {
+    command: "printf started > started.txt",
+    exitCode: null,
+    timedOut: false,
+    aborted: true,
+    truncated: false,
+  });
+  assert.equal(existsSync(path.join(root, "started.txt")), false, "命令不该被启动");
+});
+
+test("Lab 8.5 · stdout 与 stderr 共用一份字节预算，超出时截断并附提示", async (t) => {
+  const root = await workspace(t, "bash-cap");
+  const registry = tools(root, { maxBashOutputBytes: 64 });
+  const command = `node -e "process.stdout.write('o'.repeat(300)); process.stderr.write('e'.repeat(300))"`;
+
+  const result = await run(registry, "bash", { command });
+  const output = expectOk(result);
+  assert.ok(Buffer.byteLength(output, "utf8") <= 64, `输出 ${Buffer.byteLength(output, "utf8")} 字节`);
+  assert.ok(output.endsWith("[输出已截断]"), output);
+  assert.deepEqual(bashDetails(result), {
+    command,
+    exitCode: 0,
+    timedOut: false,
+    aborted: false,
+    truncated: true,
+  });
+});
+
+test("Lab 8.5 · 超时与取消都结束整个进程组，连忽略 SIGTERM 的孙进程也不放过", { timeout: 10_000 }, async (t) => {
+  const root = await workspace(t, "bash-kill");
+  // 子 shell 收到 SIGTERM 时写下标记再退出；后台的 sleep 也在同一个进程组里。
+  const trapping = (marker: string, ready?: string): string =>
+    `trap 'printf term > ${marker}; exit 0' TERM; ${ready === undefined ? "" : `printf ready > ${ready}; `}sleep 30 > out.log 2>&1 & wait`;
+
+  const timed = await run(tools(root, { bashTimeoutMs: 300 }), "bash", { command: trapping("timeout-term.txt") });
+  assert.equal(timed.isError, true, outputOf(timed));
+  assert.equal(bashDetails(timed).timedOut, true);
+  assert.equal(bashDetails(timed).aborted, false);
+  assert.equal(existsSync(path.join(root, "timeout-term.txt")), true, "超时应先发 SIGTERM，让子进程有机会收尾");
+
+  const controller = new AbortController();
+  const pending = run(tools(root), "bash", { command: trapping("abort-term.txt", "abort-ready.txt") }, controller.signal);
+  await waitForFile(path.join(root, "abort-ready.txt"));
+  controller.abort();
+  const cancelled = await pending;
+  assert.equal(cancelled.isError, true, outputOf(cancelled));
+  assert.equal(bashDetails(cancelled).aborted, true);
+  assert.equal(bashDetails(cancelled).timedOut, false);
+  assert.equal(existsSync(path.join(root, "abort-term.txt")), true);
+
+  if (process.platform === "win32") return;
+  // 孙进程忽略 SIGTERM，并继承了输出管道：只有整组 SIGKILL 才能让命令在它写下 late.txt 之前结束。
+  await writeFile(
+    path.join(root, "parent.cjs"),
+    [
+      "const { spawn } = require('node:child_process');",
+      "const child = spawn(process.execPath, ['grandchild.cjs'], { stdio: 'inherit' });",
+      "child.on('exit', () => process.exit(0));",
+    ].join("\n"),
+  );
+  await writeFile(
+    path.join(root, "grandchild.cjs"),
+    [
+      "const fs = require('node:fs');",
+      "process.on('SIGTERM', () => {});",
+      "fs.writeFileSync('grandchild-ready.txt', String(process.pid));",
+      "setTimeout(() => fs.writeFileSync('late.txt', 'too late'), 1000);",
+    ].join("\n"),
+  );
+  const groupController = new AbortController();
+  const grouped = run(tools(root), "bash", { command: "node parent.cjs" }, groupController.signal);
+  await waitForFile(path.join(root, "grandchild-ready.txt"));
+  groupController.abort();
+  const groupResult = await grouped;
+  assert.equal(bashDetails(groupResult).aborted, true, outputOf(groupResult));
+  assert.equal(existsSync(path.join(root, "late.txt")), false, "忽略 SIGTERM 的孙进程必须被整组 SIGKILL 清理");
+});
+
+// ---------------------------------------------------------------------------
+// Lab 8.6 · 接进 Agent 循环
+// ---------------------------------------------------------------------------
+
+test("Lab 8.6 · Agent 循环用 read → edit → bash 完成一个小任务", { timeout: 10_000 }, async (t) => {
+  const root = await workspace(t, "loop");
+  await writeFile(path.join(root, "status.txt"), "draft");
+  const registry = tools(root);
+  const verify = "grep -q done status.txt && printf 'verified\\n'";
+  const model = new ScriptedModel([
+    assistantMessage([{ type: "toolCall", id: "call-read", name: "read", arguments: { path: "status.txt" } }], "toolUse"),
+    assistantMessage(
+      [{ type: "toolCall", id: "call-edit", name: "edit", arguments: { path: "status.txt", oldText: "draft", newText: "done" } }],
+      "toolUse",
+    ),
+    assistantMessage([{ type: "toolCall", id: "call-bash", name: "bash", arguments: { command: verify } }], "toolUse"),
+    assistantMessage([text("状态已改为 done，并验证通过。")]),
+  ]);
+
+  const result = await runAgentLoop({
+    model,
+    tools: registry,
+    context: { messages: [userMessage("把 status.txt 改成 done 并验证")] },
+  });
+
+  const results = result.messages.filter((message): message is ToolResultMessage => message.role === "toolResult");
+  assert.deepEqual(
+    results.map((message) => message.toolCallId),
+    ["call-read", "call-edit", "call-bash"],
+  );
+  for (const message of results) expectOk(message);
+  assert.equal(outputOf(results[0]), "   1│ draft");
+  assert.match(outputOf(results[2]), /verified/);
+  assert.equal(await readFile(path.join(root, "status.txt"), "utf8"), "done");
+  assert.equal(result.reason, "stop");
+  assert.equal(model.requests.length, 4);
+  assert.deepEqual(
+    result.messages.map((message: AgentMessage) => message.role),
+    ["user", "assistant", "toolResult", "assistant", "toolResult", "assistant", "toolResult", "assistant"],
+  );
+});
