@@ -4,6 +4,10 @@
 // 每一步向模型发一次请求，按 stopReason 决定是结束、跳过工具，还是执行一批工具后继续。
 // 循环只往 transcript 末尾追加 assistant 与 toolResult；调用方给的消息（包括 system 消息）
 // 原样留在前缀里，system 提示不会被折叠、移动，也不会另外单独传给模型。
+//
+// 第 09 章起，循环还在两个“完整边界”上接收运行中到达的用户消息：
+// 一批工具结果全部写完之后（steering），以及纯文本 stop 之后（steering 优先，其次 follow-up）。
+// 模型请求抛出的异常也在这里变成一条 error assistant，已经配对的工具事实不会丢。
 
 import {
   executeToolCall,
@@ -12,6 +16,7 @@ import {
   type ToolRegistry,
 } from "./tool.js";
 import {
+  assistantMessage,
   text,
   type AgentContext,
   type AgentMessage,
@@ -21,6 +26,7 @@ import {
   type TextContent,
   type ToolCall,
   type ToolResultMessage,
+  type UserMessage,
 } from "./types.js";
 
 /** 循环对外发布的事件。顺序：model_event…、assistant_message、工具事件、turn_end。 */
@@ -52,6 +58,10 @@ export interface AgentLoopOptions {
   executeToolCall?: ToolExecutor;
   /** 课程里的安全阀：最多发出多少次模型请求，默认 32。 */
   maxSteps?: number;
+  /** 第 09 章：取走（并清空）运行中排队的 steering 消息，按 FIFO 返回。 */
+  takeSteeringMessages?(): UserMessage[];
+  /** 第 09 章：取走（并清空）排队的 follow-up 消息；只在纯文本自然 stop 之后调用。 */
+  takeFollowUpMessages?(): UserMessage[];
 }
 
 const DEFAULT_MAX_STEPS = 32;
@@ -98,19 +108,29 @@ export async function runAgentLoop(options: AgentLoopOptions): Promise<AgentRunR
         skipAll(calls, assistant.stopReason);
         return finish(assistant.stopReason, steps);
 
-      case "stop":
+      case "stop": {
         if (calls.length > 0) {
           // 说了 stop 却带着调用：协议自相矛盾，不执行，按错误结束。
           skipAll(calls, "unexpected-stop");
           return finish("error", steps);
         }
-        return finish("stop", steps);
+        // 模型可能没理会 signal 就正常答完：取消优先于任何排队消息。
+        if (options.signal?.aborted) return finish("aborted", steps);
+        // 纯文本也是完整边界：先看 steering，没有 steering 才看 follow-up。
+        const steering = options.takeSteeringMessages?.() ?? [];
+        const queued = steering.length > 0 ? steering : (options.takeFollowUpMessages?.() ?? []);
+        if (queued.length === 0) return finish("stop", steps);
+        messages.push(...queued);
+        break;
+      }
 
       case "toolUse": {
         if (calls.length === 0) return finish("error", steps);
         const results = await runToolBatch(calls, execute, options.signal, emit);
         messages.push(...results);
         if (options.signal?.aborted) return finish("aborted", steps);
+        // 整批结果都已按调用顺序写入，steering 才能进来；follow-up 不在这里取。
+        messages.push(...(options.takeSteeringMessages?.() ?? []));
         break;
       }
     }
@@ -122,18 +142,27 @@ export async function runAgentLoop(options: AgentLoopOptions): Promise<AgentRunR
 /**
  * 发出一次模型请求并等到终态。请求里只有 messages 与当前注册表的工具定义；
  * 每个模型事件原样转发，最终消息取自 stream.result()（失败也以消息的形式返回）。
+ * 第 09 章：stream() 同步抛出、迭代中抛出、result() 拒绝，都变成一条空内容的 assistant：
+ * signal 已取消时记为 aborted，否则记为 error，异常文字写进 errorMessage。
  */
 async function collectModelTurn(
   options: AgentLoopOptions,
   messages: AgentMessage[],
   emit: (event: LoopEvent) => void,
 ): Promise<AssistantMessage> {
-  const stream = options.model.stream(
-    { messages, tools: options.tools.definitions() },
-    { signal: options.signal },
-  );
-  for await (const event of stream) emit({ type: "model_event", event });
-  return stream.result();
+  try {
+    const stream = options.model.stream(
+      { messages, tools: options.tools.definitions() },
+      { signal: options.signal },
+    );
+    for await (const event of stream) emit({ type: "model_event", event });
+    // 模型可能还握着这条消息：transcript 里放自己的副本。
+    return structuredClone(await stream.result());
+  } catch (error) {
+    const message = error instanceof Error ? error.message : String(error);
+    const stopReason = options.signal?.aborted ? "aborted" : "error";
+    return assistantMessage([], stopReason, { errorMessage: message });
+  }
 }
 
 /** assistant 内容里的工具调用，保持内容顺序。 */
@@ -158,7 +187,7 @@ async function runToolBatch(
         reportProgress: (content) => emit({ type: "tool_progress", callId: call.id, content }),
       };
       if (signal !== undefined) context.signal = signal;
-      const result = await settleToolCall(call, execute, context);
+      const result = cloneableResult(call, await settleToolCall(call, execute, context));
       emit({ type: "tool_end", result });
       return result;
     }),
@@ -181,6 +210,27 @@ async function settleToolCall(
       toolName: call.name,
       content: [text(`Tool ${call.name} failed: ${message}`)],
       details: { error: message },
+      isError: true,
+      timestamp: Date.now(),
+    };
+  }
+}
+
+/**
+ * 第 09 章：工具结果进入 transcript 前先做一份结构化副本。details 里若有函数之类不可复制的值，
+ * 就换成一条标准失败结果（同一个 id 与 name），配对仍然完整；这不代表工具的副作用被撤销。
+ */
+function cloneableResult(call: ToolCall, result: ToolResultMessage): ToolResultMessage {
+  try {
+    return structuredClone(result);
+  } catch {
+    const reason = "tool result is not structured-cloneable";
+    return {
+      role: "toolResult",
+      toolCallId: call.id,
+      toolName: call.name,
+      content: [text(`Tool ${call.name} failed: ${reason}`)],
+      details: { error: reason },
       isError: true,
       timestamp: Date.now(),
     };
