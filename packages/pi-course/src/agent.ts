@@ -16,7 +16,9 @@ export interface AgentOptions {
   tools: ToolRegistry;
   /** 可选：替换默认的工具执行器（默认是第 06 章的 executeToolCall）。 */
   toolExecutor?: ToolExecutor;
-  /** 非空时成为 transcript 的第一条 system 消息。 */
+  /** 恢复出的历史（第 13 章）：构造时整份深复制，成为 transcript 的开头。 */
+  initialMessages?: readonly AgentMessage[];
+  /** 非空时成为 transcript 的第一条 system 消息；恢复的历史已以 system 开头时不再插入。 */
   systemPrompt?: string;
   maxSteps?: number;
 }
@@ -122,9 +124,10 @@ export class Agent {
 
   constructor(options: AgentOptions) {
     this.options = { ...options };
-    const messages: AgentMessage[] = [];
-    if (options.systemPrompt) {
-      messages.push({ role: "system", content: options.systemPrompt, timestamp: 0 });
+    // 深复制整份历史：只复制数组的话，content、tool arguments 和 details 仍与调用者共享。
+    const messages: AgentMessage[] = structuredClone([...(options.initialMessages ?? [])]);
+    if (options.systemPrompt && messages[0]?.role !== "system") {
+      messages.unshift({ role: "system", content: options.systemPrompt, timestamp: 0 });
     }
     this.state = { status: "idle", messages, streamingText: "", pendingToolCallIds: [], diagnostics: [] };
   }
