@@ -14,6 +14,7 @@
 
 import {
   executeToolCall,
+  failedResult,
   type ToolContext,
   type ToolExecutor,
   type ToolRegistry,
@@ -211,16 +212,7 @@ async function settleToolCall(
   try {
     return await execute(call, context);
   } catch (error) {
-    const message = error instanceof Error ? error.message : String(error);
-    return {
-      role: "toolResult",
-      toolCallId: call.id,
-      toolName: call.name,
-      content: [text(`Tool ${call.name} failed: ${message}`)],
-      details: { error: message },
-      isError: true,
-      timestamp: Date.now(),
-    };
+    return failedResult(call, error);
   }
 }
 

@@ -11,6 +11,7 @@
 
 import {
   executeToolCall,
+  failedResult,
   type ToolContext,
   type ToolExecutor,
   type ToolRegistry,
@@ -203,16 +204,7 @@ async function settleToolCall(
   try {
     return await execute(call, context);
   } catch (error) {
-    const message = error instanceof Error ? error.message : String(error);
-    return {
-      role: "toolResult",
-      toolCallId: call.id,
-      toolName: call.name,
-      content: [text(`Tool ${call.name} failed: ${message}`)],
-      details: { error: message },
-      isError: true,
-      timestamp: Date.now(),
-    };
+    return failedResult(call, error);
   }
 }
 
@@ -224,16 +216,7 @@ function cloneableResult(call: ToolCall, result: ToolResultMessage): ToolResultM
   try {
     return structuredClone(result);
   } catch {
-    const reason = "tool result is not structured-cloneable";
-    return {
-      role: "toolResult",
-      toolCallId: call.id,
-      toolName: call.name,
-      content: [text(`Tool ${call.name} failed: ${reason}`)],
-      details: { error: reason },
-      isError: true,
-      timestamp: Date.now(),
-    };
+    return failedResult(call, new Error("tool result is not structured-cloneable"));
   }
 }
 

@@ -160,7 +160,11 @@ function failureMessage(error: unknown): string {
   return error instanceof Error ? error.message : String(error);
 }
 
-function failedResult(call: ToolCall, error: unknown): ToolResultMessage {
+/**
+ * 一次调用的标准失败结果：沿用 call 的 id 与 name，正文说明失败原因，details.error 只放消息、不放堆栈。
+ * 执行器、循环和后面的章节都用它，保证失败结果只有一种形状。
+ */
+export function failedResult(call: ToolCall, error: unknown): ToolResultMessage {
   const message = failureMessage(error);
   return {
     role: "toolResult",
