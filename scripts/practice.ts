@@ -9,27 +9,10 @@ import { chapterNumber, findCheckpoint, loadCheckpoints } from "./model/manifest
 import { ensureHistory } from "./model/history.js";
 import { ROOT, isInside, resolveFromCaller } from "./model/paths.js";
 import { writePracticeTree } from "./model/practice-tree.js";
+import { sweepStaleSiblings } from "./model/trees.js";
 
 const USAGE = "用法：npm run practice -w @pi/course -- <章节> [练习目录]   例如 13 ../pi-practice-13（相对于你当前所在的目录）";
 const TEMP_MARK = ".pi-practice-tmp-";
-
-function pidAlive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-}
-
-/** Removes temporary siblings left by a practice run that was killed outright (SIGKILL cannot be caught). */
-async function sweepStale(parent: string): Promise<void> {
-  if (!fs.existsSync(parent)) return;
-  for (const name of await fs.readdir(parent)) {
-    const match = new RegExp(`${TEMP_MARK.replace(/[.]/g, "\\.")}(\\d+)$`).exec(name);
-    if (match && !pidAlive(Number(match[1]))) await fs.remove(path.join(parent, name));
-  }
-}
 
 await main(async (args) => {
   rejectUnknownOptions(args);
@@ -43,7 +26,7 @@ await main(async (args) => {
 
   const parent = path.dirname(dest);
   await fs.ensureDir(parent);
-  await sweepStale(parent);
+  await sweepStaleSiblings(parent, /^\..+\.pi-practice-tmp-(\d+)$/);
   const temp = path.join(parent, `.${path.basename(dest)}${TEMP_MARK}${process.pid}`);
   const cleanup = (): void => fs.removeSync(temp);
   const onSignal = (signal: NodeJS.Signals): void => {

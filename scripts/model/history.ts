@@ -13,6 +13,7 @@ import { simpleGit, type SimpleGit } from "simple-git";
 import { CourseError } from "./cli.js";
 import { type Checkpoint, declaredFiles } from "./manifest.js";
 import { HISTORY_DIR, PACKAGE_DIR, ROOT, inTree } from "./paths.js";
+import { sweepStaleSiblings } from "./trees.js";
 
 const run = promisify(execFile);
 
@@ -207,6 +208,8 @@ export async function readHistory(dir: string, checkpoints: Checkpoint[]): Promi
 export async function ensureHistory(checkpoints: Checkpoint[], options: { root?: string; log?: (line: string) => void } = {}): Promise<HistoryInfo> {
   const root = options.root ?? ROOT;
   const dir = root === ROOT ? HISTORY_DIR : path.join(root, ".history");
+  // A build interrupted by Ctrl-C or SIGKILL leaves `.history.building-<pid>` behind.
+  await sweepStaleSiblings(path.dirname(dir), new RegExp(`^${path.basename(dir).replace(/\./g, "\\.")}\\.building-(\\d+)$`));
   const fingerprint = sourceFingerprint(root, checkpoints);
   const stamp = path.join(dir, ".git", FINGERPRINT_FILE);
   if (fs.existsSync(stamp) && (await fs.readFile(stamp, "utf8")) === fingerprint) {

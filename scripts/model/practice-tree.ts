@@ -41,11 +41,14 @@ export async function writePracticeTree(c: Checkpoint, info: HistoryInfo, dest: 
     }
     for (const starter of c.starters) await fs.copy(inTree(ROOT, starter.source), inTree(dest, starter.destination));
   }
-  for (const item of HARNESS) await fs.copy(inTree(ROOT, item), inTree(dest, item));
+  // The harness comes along so that `npm run lab` works; benchmarks are for course authors only.
+  for (const item of HARNESS) {
+    await fs.copy(inTree(ROOT, item), inTree(dest, item), { filter: (src) => !path.basename(src).startsWith("bench") });
+  }
   const rootPackage = JSON.parse(await fs.readFile(inTree(ROOT, "package.json"), "utf8")) as Record<string, unknown>;
   rootPackage.scripts = {
     build: "npm run build -w @pi/course",
-    lab: "tsx scripts/lab.ts",
+    lab: "node --import tsx scripts/lab.ts",
     test: "npm run build && node --test packages/pi-course/dist/test/*.test.js",
   };
   await fs.writeFile(inTree(dest, "package.json"), `${JSON.stringify(rootPackage, null, 2)}\n`);

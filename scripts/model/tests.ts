@@ -14,9 +14,9 @@ export interface BuildResult { ok: boolean; output: string; ms: number }
 /** `tsc -p packages/pi-course/tsconfig.json` in `root` (incremental: only what changed is rebuilt). */
 export async function buildPackage(root: string): Promise<BuildResult> {
   const started = Date.now();
-  const tsc = findBin(root, "tsc");
+  const tsc = findTsc(root);
   try {
-    const { stdout, stderr } = await exec(process.execPath, [tsc, "-p", inTree(root, `${PACKAGE_DIR}/tsconfig.json`)], {
+    const { stdout, stderr } = await exec(tsc.command, [...tsc.args, "-p", inTree(root, `${PACKAGE_DIR}/tsconfig.json`)], {
       cwd: root, maxBuffer: 16 * 1024 * 1024,
     });
     return { ok: true, output: stdout + stderr, ms: Date.now() - started };
@@ -26,16 +26,20 @@ export async function buildPackage(root: string): Promise<BuildResult> {
   }
 }
 
-function findBin(root: string, name: string): string {
-  // The JS entry of the package binary, so it runs with this node whatever the PATH holds.
-  const candidates = [path.join(root, "node_modules", "typescript", "bin", name)];
+/**
+ * TypeScript 7 ships a native compiler next to a small node shim; calling the native binary directly saves a
+ * node start on every lab run. Falls back to the shim when the platform package is not where we expect it.
+ */
+function findTsc(root: string): { command: string; args: string[] } {
+  const native = `@typescript/typescript-${process.platform}-${process.arch}/lib/tsc${process.platform === "win32" ? ".exe" : ""}`;
   for (let dir = root; ; dir = path.dirname(dir)) {
-    candidates.push(path.join(dir, "node_modules", "typescript", "bin", name));
+    const modules = path.join(dir, "node_modules");
+    if (fs.existsSync(path.join(modules, native))) return { command: path.join(modules, native), args: [] };
+    if (fs.existsSync(path.join(modules, "typescript", "bin", "tsc")))
+      return { command: process.execPath, args: [path.join(modules, "typescript", "bin", "tsc")] };
     if (path.dirname(dir) === dir) break;
   }
-  const found = candidates.find((candidate) => fs.existsSync(candidate));
-  if (!found) throw new Error(`找不到 ${name}：先在仓库根目录运行 npm install。`);
-  return found;
+  throw new Error("找不到 TypeScript 编译器：先在仓库根目录运行 npm install。");
 }
 
 export interface TestOutcome {
@@ -80,12 +84,20 @@ export async function runTests(root: string, files: string[], options: RunOption
   if (process.env.NODE_TEST_CONTEXT) return runTestsInWorker(root, files, options);
   const absolute = files.map((file) => inTree(root, file));
   const outcomes: TestOutcome[] = [];
-  const stream = run({
-    files: absolute,
-    concurrency: true,
-    timeout: options.timeout ?? 60_000,
-    ...(options.patterns ? { testNamePatterns: options.patterns } : {}),
-  });
+  // node's runner hands our own node flags (tsx's loader) to every test process; compiled tests are plain JS.
+  const execArgv = process.execArgv;
+  process.execArgv = [];
+  let stream: ReturnType<typeof run>;
+  try {
+    stream = run({
+      files: absolute,
+      concurrency: true,
+      timeout: options.timeout ?? 60_000,
+      ...(options.patterns ? { testNamePatterns: options.patterns } : {}),
+    });
+  } finally {
+    process.execArgv = execArgv;
+  }
   for await (const event of stream) {
     if (event.type !== "test:pass" && event.type !== "test:fail") continue;
     const data = event.data as { name: string; nesting: number; file?: string; skip?: unknown; todo?: unknown; details: { error?: unknown } };

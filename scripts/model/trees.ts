@@ -23,3 +23,26 @@ export async function withTempDir<T>(prefix: string, body: (dir: string) => Prom
     await fs.remove(dir);
   }
 }
+
+function processAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (error) {
+    return (error as NodeJS.ErrnoException).code === "EPERM";
+  }
+}
+
+/**
+ * Temporary siblings carry the pid of the run that made them (`pattern` captures it); a run killed outright
+ * (SIGKILL cannot be caught) leaves its sibling behind. This removes those whose process is gone, never our own.
+ */
+export async function sweepStaleSiblings(parent: string, pattern: RegExp): Promise<void> {
+  if (!fs.existsSync(parent)) return;
+  for (const name of await fs.readdir(parent)) {
+    const match = pattern.exec(name);
+    if (!match) continue;
+    const pid = Number(match[1]);
+    if (Number.isInteger(pid) && pid > 0 && pid !== process.pid && !processAlive(pid)) await fs.remove(path.join(parent, name));
+  }
+}

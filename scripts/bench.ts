@@ -1,0 +1,216 @@
+// npm run bench [-- --chapter NN] [--runs N] [--practice-runs N] [--verify]
+// Measures what a learner waits for, as wall time of the whole command: the lab loop (edit a teaching file → run
+// `lab N.1` → verdict), creating a practice folder (without npm install), and optionally `npm run verify`.
+// Prints the medians against the targets and a breakdown of where the lab loop's time goes. Not a test.
+import { spawn } from "node:child_process";
+import os from "node:os";
+import path from "node:path";
+import { performance } from "node:perf_hooks";
+import fs from "fs-extra";
+import { CourseError, main, rejectUnknownOptions, takeFlag, takeOption } from "./model/cli.js";
+import { chapterNumber, findCheckpoint, loadCheckpoints } from "./model/manifest.js";
+import { ensureHistory } from "./model/history.js";
+import { PACKAGE_DIR, ROOT, inTree } from "./model/paths.js";
+import { linkNodeModules, makeTempDir } from "./model/trees.js";
+
+const USAGE = "用法：npm run bench [-- --chapter NN] [--runs N] [--practice-runs N] [--verify]";
+const TARGETS = { lab: 0.8, practice: 1, verify: 600 };
+
+interface Timed { seconds: number; code: number | null; stdout: string; stderr: string }
+
+/** Runs a command to its end and returns its wall time (spawn → exit, output included). */
+function timed(program: string, args: string[], cwd: string, env: Record<string, string> = {}): Promise<Timed> {
+  // A learner's shell: nothing that `npm run bench` itself set for this process.
+  const childEnv: NodeJS.ProcessEnv = { ...process.env };
+  for (const key of Object.keys(childEnv)) if (/^npm_/i.test(key)) delete childEnv[key];
+  delete childEnv.NODE_OPTIONS;
+  Object.assign(childEnv, { INIT_CWD: cwd, NO_COLOR: "1" }, env);
+  return new Promise((resolve, reject) => {
+    const started = performance.now();
+    const child = spawn(program, args, { cwd, env: childEnv, stdio: ["ignore", "pipe", "pipe"] });
+    let stdout = "";
+    let stderr = "";
+    child.stdout.setEncoding("utf8").on("data", (chunk: string) => { stdout += chunk; });
+    child.stderr.setEncoding("utf8").on("data", (chunk: string) => { stderr += chunk; });
+    child.on("error", reject);
+    child.on("close", (code) => resolve({ seconds: (performance.now() - started) / 1000, code, stdout, stderr }));
+  });
+}
+
+function median(values: number[]): number {
+  if (values.length === 0) return Number.NaN;
+  const sorted = [...values].sort((a, b) => a - b);
+  const middle = Math.floor(sorted.length / 2);
+  return sorted.length % 2 === 1 ? sorted[middle]! : (sorted[middle - 1]! + sorted[middle]!) / 2;
+}
+
+function seconds(value: number): string {
+  return Number.isNaN(value) ? "—" : value >= 60 ? `${(value / 60).toFixed(1)} min` : `${value.toFixed(2)} s`;
+}
+
+function positive(text: string | undefined, option: string, fallback: number, minimum: number): number {
+  if (text === undefined) return fallback;
+  const value = Number(text);
+  if (!Number.isInteger(value) || value < minimum) throw new CourseError(`${option} 需要不小于 ${minimum} 的整数：${text}`, 2);
+  return value;
+}
+
+/** Display width: CJK characters and full-width punctuation take two columns. */
+function width(text: string): number {
+  return [...text].reduce((sum, ch) => sum + (/[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef]/.test(ch) ? 2 : 1), 0);
+}
+
+function table(rows: string[][]): string {
+  const widths = rows[0]!.map((_, column) => Math.max(...rows.map((row) => width(row[column]!))));
+  return rows.map((row) => row.map((cell, column) => cell + " ".repeat(widths[column]! - width(cell))).join("  ").trimEnd()).join("\n");
+}
+
+await main(async (args) => {
+  const withVerify = takeFlag(args, "--verify");
+  const chapterArg = takeOption(args, "--chapter") ?? "01";
+  const runs = positive(takeOption(args, "--runs"), "--runs", 5, 5);
+  const practiceRuns = positive(takeOption(args, "--practice-runs"), "--practice-runs", 3, 3);
+  rejectUnknownOptions(args);
+  if (args.length > 0) throw new CourseError(USAGE, 2);
+  const checkpoints = loadCheckpoints();
+  const c = findCheckpoint(checkpoints, chapterArg, USAGE);
+  if (c.mode === "观察") throw new CourseError(`第 ${c.id} 章是观察模式，没有要重建的教学文件；换一章，例如 --chapter 01`, 2);
+  const n = chapterNumber(c);
+  const lab = `${n}.1`;
+  const npm = process.platform === "win32" ? "npm.cmd" : "npm";
+  const node = process.execPath;
+
+  console.log(`pi-course 基准：第 ${c.id} 章 · ${c.title}`);
+  console.log(`机器：${os.cpus().length} 核 · node ${process.version} · 负载 ${os.loadavg().map((l) => l.toFixed(1)).join(" / ")}`);
+  await ensureHistory(checkpoints, { log: console.log });
+  const work = await makeTempDir("bench");
+  try {
+    // ① Creating a practice folder, without npm install; npm and the direct command alternate so drift hits both.
+    console.log(`\n① 创建练习目录 × ${practiceRuns}（npm run practice 与 node --import tsx 交替）…`);
+    const practiceNpm: number[] = [];
+    const practiceDirect: number[] = [];
+    for (let i = 0; i < practiceRuns; i += 1) {
+      for (const via of ["npm", "node"] as const) {
+        const dest = path.join(work, `practice-${via}-${i}`);
+        const result = via === "npm"
+          ? await timed(npm, ["run", "practice", "-w", "@pi/course", "--", c.id, dest], ROOT)
+          : await timed(node, ["--import", "tsx", path.join(ROOT, "scripts", "practice.ts"), c.id, dest], inTree(ROOT, PACKAGE_DIR), { INIT_CWD: ROOT });
+        if (result.code !== 0 || !fs.existsSync(path.join(dest, "pi-practice.json")))
+          throw new CourseError(`创建练习目录失败（${via}）：\n${result.stdout}${result.stderr}`);
+        (via === "npm" ? practiceNpm : practiceDirect).push(result.seconds);
+        await fs.remove(dest);
+      }
+    }
+
+    // ② The lab loop in one practice folder: append a comment to a teaching file, run lab N.1, read the verdict.
+    const folder = path.join(work, "loop");
+    const created = await timed(node, ["--import", "tsx", path.join(ROOT, "scripts", "practice.ts"), c.id, folder], inTree(ROOT, PACKAGE_DIR), { INIT_CWD: ROOT });
+    if (created.code !== 0) throw new CourseError(`创建练习目录失败：\n${created.stdout}${created.stderr}`);
+    await linkNodeModules(folder);
+    const teaching = inTree(folder, c.teachingFiles[0]!);
+    const verdict = new RegExp(`^Lab ${n}\\.1: \\d+/\\d+$`, "m");
+    const commands = {
+      npm: [npm, ["run", "lab", "-w", "@pi/course", "--", lab], folder],
+      node: [node, ["--import", "tsx", "scripts/lab.ts", lab], folder],
+    } as const;
+    const loop = async (via: keyof typeof commands, round: number): Promise<Timed> => {
+      await fs.appendFile(teaching, `\n// bench ${via} ${round}\n`);
+      const [program, argv, cwd] = commands[via];
+      const result = await timed(program, [...argv], cwd);
+      if (!verdict.test(result.stdout)) throw new CourseError(`lab ${lab} 没有给出结论（${via}）：\n${result.stdout}${result.stderr}`);
+      return result;
+    };
+    console.log(`② lab 循环 × ${runs}（改一行注释 → lab ${lab} → 结论；先热身一次：首次完整构建与 tsx 缓存）…`);
+    await loop("node", 0);
+    const labNpm: number[] = [];
+    const labDirect: number[] = [];
+    const buildMs: number[] = [];
+    const testMs: number[] = [];
+    for (let i = 1; i <= runs; i += 1) {
+      for (const via of ["npm", "node"] as const) {
+        const result = await loop(via, i);
+        (via === "npm" ? labNpm : labDirect).push(result.seconds);
+        const phases = /（构建 ([\d.]+) s · 测试 ([\d.]+) s/.exec(result.stdout);
+        if (phases) { buildMs.push(Number(phases[1])); testMs.push(Number(phases[2])); }
+      }
+    }
+
+    // ③ Where the time goes: the same pieces measured on their own.
+    console.log(`③ 分解耗时 × ${runs}…`);
+    const probes: Record<string, number[]> = {
+      node: [], tsx: [], tsxCli: [], harness: [], tscNoop: [], tscNative: [], npmNoop: [], testPlain: [], testTsx: [],
+    };
+    const tscBin = path.join(folder, "node_modules", "typescript", "bin", "tsc");
+    // typescript 7 ships its compiler as a native binary; bin/tsc is a node script that starts it.
+    const nativeTsc = path.join(folder, "node_modules", "@typescript", `typescript-${process.platform}-${process.arch}`, "lib", "tsc");
+    const focused = inTree(folder, c.focusedTest.replace(`${PACKAGE_DIR}/test/`, `${PACKAGE_DIR}/dist/test/`).replace(/\.ts$/, ".js"));
+    const testArgs = ["--test", `--test-name-pattern=^Lab ${n}\\.1 · `, focused];
+    for (let i = 0; i < runs; i += 1) {
+      probes.node!.push((await timed(node, ["-e", "0"], folder)).seconds);
+      probes.tsx!.push((await timed(node, ["--import", "tsx", "-e", "0"], folder)).seconds);
+      // lab.ts refuses a bad argument right after loading its modules: start-up of the harness itself.
+      probes.harness!.push((await timed(node, ["--import", "tsx", "scripts/lab.ts", "x"], folder)).seconds);
+      probes.tsxCli!.push((await timed(path.join(folder, "node_modules", ".bin", "tsx"), ["scripts/lab.ts", "x"], folder)).seconds);
+      probes.tscNoop!.push((await timed(node, [tscBin, "-p", inTree(folder, `${PACKAGE_DIR}/tsconfig.json`)], folder)).seconds);
+      if (fs.existsSync(nativeTsc)) probes.tscNative!.push((await timed(nativeTsc, ["-p", inTree(folder, `${PACKAGE_DIR}/tsconfig.json`)], folder)).seconds);
+      probes.testPlain!.push((await timed(node, testArgs, folder)).seconds);
+      probes.testTsx!.push((await timed(node, ["--import", "tsx", ...testArgs], folder)).seconds);
+      probes.npmNoop!.push((await timed(npm, ["run", "lab", "-w", "@pi/course", "--", "x"], folder)).seconds);
+    }
+
+    // ④ Optionally the whole verify.
+    let verifySeconds = Number.NaN;
+    let verifyCode: number | null = null;
+    if (withVerify) {
+      console.log("④ npm run verify（可能需要几分钟）…");
+      const result = await timed(npm, ["run", "verify"], ROOT);
+      verifySeconds = result.seconds;
+      verifyCode = result.code;
+      if (result.code !== 0) console.log(`   verify 的结论：${result.stdout.trim().split("\n").pop() ?? ""}`);
+    }
+
+    const met = (value: number, target: number): string => (Number.isNaN(value) ? "—" : value <= target ? "是" : "否");
+    const rows: string[][] = [
+      ["项目", "中位数", "目标", "达标"],
+      [`lab 循环：npm run lab -w @pi/course -- ${lab}`, seconds(median(labNpm)), `≤ ${TARGETS.lab} s`, met(median(labNpm), TARGETS.lab)],
+      [`lab 循环：node --import tsx scripts/lab.ts ${lab}`, seconds(median(labDirect)), `≤ ${TARGETS.lab} s`, met(median(labDirect), TARGETS.lab)],
+      [`创建练习目录：npm run practice -w @pi/course -- ${c.id} DIR`, seconds(median(practiceNpm)), `≤ ${TARGETS.practice} s`, met(median(practiceNpm), TARGETS.practice)],
+      [`创建练习目录：node --import tsx scripts/practice.ts ${c.id} DIR`, seconds(median(practiceDirect)), `≤ ${TARGETS.practice} s`, met(median(practiceDirect), TARGETS.practice)],
+      ["npm run verify", withVerify ? `${seconds(verifySeconds)}${verifyCode === 0 ? "" : `（退出码 ${verifyCode}）`}` : "未测（加 --verify）", `≤ ${TARGETS.verify / 60} min`,
+        withVerify && verifyCode !== 0 ? `${met(verifySeconds, TARGETS.verify)}（verify 本身未通过）` : met(verifySeconds, TARGETS.verify)],
+    ];
+    console.log(`\n结果（lab 循环 ${runs} 次、创建练习目录 ${practiceRuns} 次的中位数，整条命令的墙钟时间）：\n`);
+    console.log(table(rows));
+
+    const m = (key: string): number => median(probes[key]!);
+    const labWall = median(labDirect);
+    const build = median(buildMs);
+    const tests = median(testMs);
+    const breakdown: string[][] = [
+      ["lab 循环里的一段", "中位数"],
+      ["node 启动（node -e 0）", seconds(m("node"))],
+      ["tsx 加载器注册（node --import tsx -e 0）", seconds(m("tsx"))],
+      ["harness 启动到拒绝参数（node --import tsx scripts/lab.ts x）", seconds(m("harness"))],
+      ["同上经 tsx 命令行（多一个 node 进程转发）", seconds(m("tsxCli"))],
+      ["同上经 npm run -w（npm 自身 + sh + tsx 命令行）", seconds(m("npmNoop"))],
+      ["tsc 构建（改动后，lab 自报）", Number.isNaN(build) ? "—" : seconds(build)],
+      ["tsc 构建（没有改动，node_modules/typescript/bin/tsc）", seconds(m("tscNoop"))],
+      ["同上直接运行原生 tsc（少一个 node 进程）", seconds(m("tscNative"))],
+      ["node:test 运行聚焦测试（lab 自报）", Number.isNaN(tests) ? "—" : seconds(tests)],
+      [`node --test 只跑 Lab ${lab}（单独运行）`, seconds(m("testPlain"))],
+      ["同上但带 --import tsx（run() 的子进程继承 execArgv 时）", seconds(m("testTsx"))],
+      ["其余（lab 墙钟 − harness 启动 − 构建 − 测试）", seconds(labWall - m("harness") - (build || 0) - (tests || 0))],
+      ["npm 路径多出的时间（npm − node --import tsx）", seconds(median(labNpm) - labWall)],
+    ];
+    console.log("\n时间花在哪里（lab 循环，直接运行）：\n");
+    console.log(table(breakdown));
+    const missed = [median(labNpm) > TARGETS.lab, median(labDirect) > TARGETS.lab, median(practiceNpm) > TARGETS.practice,
+      median(practiceDirect) > TARGETS.practice, verifySeconds > TARGETS.verify].some(Boolean);
+    console.log(missed
+      ? "\n有目标没有达到：看上面的分解找出最大的一段（机器负载高时所有数字都会偏大，负载见开头）。"
+      : "\n所有测到的目标都已达到。");
+    return 0;
+  } finally {
+    await fs.remove(work);
+  }
+});

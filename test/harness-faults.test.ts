@@ -1,0 +1,102 @@
+// Fault exercises: the mutated file gets its original bytes back on every path, and `fault NN <id>` shows the named
+// test red, then green again.
+import test, { after, before } from "node:test";
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import path from "node:path";
+import { pathToFileURL } from "node:url";
+import fs from "fs-extra";
+import { loadCheckpoints } from "../scripts/model/manifest.js";
+import { ensureHistory } from "../scripts/model/history.js";
+import { withMutation } from "../scripts/model/faults.js";
+import { REPO, at, collect, course, learnerEnv, realChapter, tempDir, waitFor } from "./harness-helpers.js";
+
+const checkpoints = loadCheckpoints();
+const chapter = realChapter(checkpoints);
+let scratch: string;
+
+before(async () => {
+  await ensureHistory(checkpoints);
+  scratch = await tempDir("faults");
+});
+after(async () => {
+  await fs.remove(scratch);
+});
+
+/** Bytes that a text round trip would damage: invalid UTF-8, a BOM, CRLF and no final newline. */
+const ORIGINAL = Buffer.concat([Buffer.from([0xef, 0xbb, 0xbf]), Buffer.from("第一行\r\n"), Buffer.from([0xff, 0xfe, 0x00]), Buffer.from("末尾")]);
+
+test("withMutation：函数体抛错时恢复原始字节，并把错误原样抛出", async () => {
+  const file = path.join(scratch, "throws.ts");
+  await fs.writeFile(file, ORIGINAL);
+  const listeners = [process.listenerCount("SIGINT"), process.listenerCount("SIGTERM")];
+  const failure = new Error("函数体失败");
+  let seen = "";
+  await assert.rejects(withMutation(file, "改过的内容\n", async () => {
+    seen = await fs.readFile(file, "utf8");
+    throw failure;
+  }), (error) => error === failure);
+  assert.equal(seen, "改过的内容\n", "函数体运行时文件应是改过的内容");
+  assert.deepEqual(await fs.readFile(file), ORIGINAL);
+
+  // A normal return restores too, and hands back the body's value.
+  const value = await withMutation(file, "又改了\n", async () => 42);
+  assert.equal(value, 42);
+  assert.deepEqual(await fs.readFile(file), ORIGINAL);
+  assert.deepEqual([process.listenerCount("SIGINT"), process.listenerCount("SIGTERM")], listeners, "不应留下信号处理器");
+});
+
+for (const [signal, code] of [["SIGINT", 130], ["SIGTERM", 143]] as const) {
+  test(`withMutation：子进程在注入期间收到 ${signal}，文件恢复为原始字节后退出（${code}）`, async () => {
+    const dir = path.join(scratch, signal);
+    await fs.ensureDir(dir);
+    const file = path.join(dir, "target.ts");
+    await fs.writeFile(file, ORIGINAL);
+    const script = path.join(dir, "hold.mts");
+    await fs.writeFile(script, [
+      `import { withMutation } from ${JSON.stringify(pathToFileURL(at(REPO, "scripts/model/faults.ts")).href)};`,
+      "await withMutation(process.argv[2]!, \"注入的故障\\n\", async () => {",
+      '  console.log("mutated");',
+      "  await new Promise((resolve) => setTimeout(resolve, 60_000));",
+      "});",
+      "",
+    ].join("\n"));
+    const child = spawn(process.execPath, ["--import", "tsx", script, file], {
+      cwd: REPO, detached: true, stdio: ["ignore", "pipe", "pipe"], env: learnerEnv(),
+    });
+    const done = collect(child);
+    let stdout = "";
+    child.stdout!.on("data", (chunk: string) => { stdout += chunk; });
+    try {
+      await waitFor("子进程进入 withMutation", () => (stdout.includes("mutated") ? true : undefined));
+    } catch (error) {
+      process.kill(-child.pid!, "SIGKILL");
+      throw error;
+    }
+    assert.equal(await fs.readFile(file, "utf8"), "注入的故障\n");
+    process.kill(-child.pid!, signal);
+    const result = await done;
+    assert.equal(result.code, code, result.stderr);
+    assert.ok(result.stderr.includes(`收到 ${signal}：已恢复 ${file}`), result.stderr);
+    assert.deepEqual(await fs.readFile(file), ORIGINAL);
+  });
+}
+
+test(`fault ${chapter.id} <故障 id>：指定测试先变红、恢复后变绿，退出码 0，不留临时目录`, async () => {
+  const fault = chapter.faults[0]!;
+  const tmp = path.join(scratch, "tmp"); // the command's os.tmpdir(), so leftovers can be seen
+  await fs.ensureDir(tmp);
+  const before = await fs.readFile(at(REPO, fault.file)).catch(() => undefined);
+  const result = await course(REPO, "fault", [chapter.id, fault.id], { env: { TMPDIR: tmp } });
+  assert.equal(result.code, 0, `${result.stdout}\n${result.stderr}`);
+  const red = result.stdout.indexOf(`  ✗ ${fault.test}`);
+  const green = result.stdout.indexOf(`  ✓ ${fault.test}`);
+  assert.ok(red >= 0, `应先显示红色：\n${result.stdout}`);
+  assert.ok(green > red, `恢复后应显示绿色：\n${result.stdout}`);
+  const total = chapter.labs.reduce((sum, lab) => sum + lab.count, 0);
+  assert.ok(result.stdout.includes(`聚焦测试：${total - 1}/${total} 通过`), "只有这一项变红");
+  assert.ok(result.stdout.includes(`结论：故障只让 "${fault.test}" 变红，恢复后它重新变绿。`), result.stdout);
+  const leftovers = (await fs.readdir(tmp)).filter((name) => name.startsWith("pi-course-"));
+  assert.deepEqual(leftovers, [], "临时目录应已删除");
+  assert.deepEqual(await fs.readFile(at(REPO, fault.file)).catch(() => undefined), before, "课程仓库里的文件不应被改动");
+});

@@ -1,0 +1,131 @@
+// Shared pieces of the harness tests: run a course command the way a learner's npm would, and make throw-away
+// copies of the repository under os.tmpdir(). Not a test file itself (only *.test.ts are run).
+import { spawn, type ChildProcess } from "node:child_process";
+import os from "node:os";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import fs from "fs-extra";
+import type { Checkpoint } from "../scripts/model/manifest.js";
+
+/** The course repository these tests belong to. */
+export const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
+export const PACKAGE = "packages/pi-course";
+
+export interface Result { code: number | null; signal: NodeJS.Signals | null; stdout: string; stderr: string }
+
+export interface RunOptions {
+  /** The folder the learner typed the command in (npm's INIT_CWD); defaults to the tree's root. */
+  caller?: string;
+  /** Working directory of the process; defaults to `<root>/packages/pi-course`, where `npm run -w @pi/course` runs. */
+  cwd?: string;
+  env?: Record<string, string>;
+  timeoutMs?: number;
+}
+
+/** Environment of a learner's shell: no colours, nothing npm or the test runner set for this process. */
+export function learnerEnv(extra: Record<string, string> = {}): NodeJS.ProcessEnv {
+  const env: NodeJS.ProcessEnv = { ...process.env };
+  for (const key of Object.keys(env)) if (/^npm_/i.test(key) || key === "INIT_CWD") delete env[key];
+  delete env.NODE_TEST_CONTEXT;
+  delete env.NODE_OPTIONS;
+  return { ...env, NO_COLOR: "1", FORCE_COLOR: "0", ...extra };
+}
+
+/** Waits for a spawned process and collects its output. */
+export function collect(child: ChildProcess, timeoutMs = 90_000): Promise<Result> {
+  let stdout = "";
+  let stderr = "";
+  child.stdout?.setEncoding("utf8").on("data", (chunk: string) => { stdout += chunk; });
+  child.stderr?.setEncoding("utf8").on("data", (chunk: string) => { stderr += chunk; });
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => {
+      child.kill("SIGKILL");
+      reject(new Error(`进程超过 ${timeoutMs} ms 没有结束：${child.spawnargs.join(" ")}\n${stdout}\n${stderr}`));
+    }, timeoutMs);
+    child.on("error", (error) => { clearTimeout(timer); reject(error); });
+    child.on("close", (code, signal) => { clearTimeout(timer); resolve({ code, signal, stdout, stderr }); });
+  });
+}
+
+/**
+ * `npm run <command> -w @pi/course -- …args` without npm's own start-up: node + tsx on `scripts/<command>.ts` of
+ * `root`, from the package folder, with INIT_CWD set to the caller's folder as npm sets it.
+ */
+export function course(root: string, command: string, args: string[], options: RunOptions = {}): Promise<Result> {
+  const cwd = options.cwd ?? path.join(root, PACKAGE);
+  const child = spawn(process.execPath, ["--import", "tsx", path.join(root, "scripts", `${command}.ts`), ...args], {
+    cwd, env: learnerEnv({ INIT_CWD: options.caller ?? root, ...options.env }), stdio: ["ignore", "pipe", "pipe"],
+  });
+  return collect(child, options.timeoutMs);
+}
+
+/** Any program, with the learner's environment. */
+export function run(program: string, args: string[], options: { cwd: string; env?: Record<string, string>; timeoutMs?: number }): Promise<Result> {
+  const child = spawn(program, args, { cwd: options.cwd, env: learnerEnv(options.env), stdio: ["ignore", "pipe", "pipe"] });
+  return collect(child, options.timeoutMs);
+}
+
+export async function git(dir: string, args: string[]): Promise<string> {
+  const result = await run("git", ["-C", dir, ...args], { cwd: dir });
+  if (result.code !== 0) throw new Error(`git ${args.join(" ")} 失败：${result.stderr}`);
+  return result.stdout;
+}
+
+/** A fresh folder under os.tmpdir(); remove it with fs.remove when done. */
+export function tempDir(label: string): Promise<string> {
+  return fs.mkdtemp(path.join(os.tmpdir(), `pi-course-test-${label}-`));
+}
+
+/** Names that are never part of the repository's content (ignored or generated). */
+const NOT_CONTENT = new Set([".git", ".history", "node_modules", "dist", "coverage"]);
+
+function isContent(name: string): boolean {
+  return !NOT_CONTENT.has(name) && !name.startsWith(".history.building-") && !name.endsWith(".tsbuildinfo");
+}
+
+/**
+ * Copies the repository's content (sources, scripts, checkpoints, starters; no .git, .history, node_modules or dist)
+ * into `dest` and links the course's node_modules there, as a fresh clone after `npm install` would have them.
+ */
+export async function copyCourse(dest: string): Promise<void> {
+  await fs.ensureDir(dest);
+  for (const name of await fs.readdir(REPO)) {
+    if (!isContent(name)) continue;
+    await fs.copy(path.join(REPO, name), path.join(dest, name), {
+      filter: (source) => isContent(path.basename(source)),
+    });
+  }
+  await linkNodeModules(dest);
+}
+
+export async function linkNodeModules(dest: string): Promise<void> {
+  await fs.symlink(fs.realpathSync(path.join(REPO, "node_modules")), path.join(dest, "node_modules"), "dir");
+}
+
+/** Repository-relative POSIX path → absolute path under `root`. */
+export function at(root: string, repoPath: string): string {
+  return path.join(root, ...repoPath.split("/"));
+}
+
+/** The chapter the tests use as "a real chapter": 01 (present in every state of the course). */
+export function realChapter(checkpoints: Checkpoint[]): Checkpoint {
+  const found = checkpoints.find((c) => c.id === "01");
+  if (!found) throw new Error("课程里没有第 01 章");
+  return found;
+}
+
+/** Non-empty lines of a command's output. */
+export function lines(text: string): string[] {
+  return text.split("\n").map((line) => line.trimEnd()).filter((line) => line.trim() !== "");
+}
+
+/** Polls `check` until it returns a value (not undefined) or the time runs out. */
+export async function waitFor<T>(what: string, check: () => T | undefined, timeoutMs = 60_000): Promise<T> {
+  const until = Date.now() + timeoutMs;
+  for (;;) {
+    const value = check();
+    if (value !== undefined) return value;
+    if (Date.now() > until) throw new Error(`等了 ${timeoutMs} ms 仍未出现：${what}`);
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+}
