@@ -11,7 +11,7 @@ import path from "node:path";
 import fs from "fs-extra";
 import { simpleGit, type SimpleGit } from "simple-git";
 import { CourseError } from "./cli.js";
-import { type Checkpoint, declaredFiles } from "./manifest.js";
+import type { Checkpoint } from "./manifest.js";
 import { HISTORY_DIR, PACKAGE_DIR, ROOT, inTree } from "./paths.js";
 import { sweepStaleSiblings } from "./trees.js";
 
@@ -323,9 +323,4 @@ export function stalePins(checkpoints: Checkpoint[], info: HistoryInfo): string[
     const ids = info.chapters.get(c.id)!;
     return c.pins.parent !== ids.parent || c.pins.target !== ids.target;
   }).map((c) => c.id);
-}
-
-/** Paths the diff(parent, target) of one chapter may touch. */
-export function allowedChanges(c: Checkpoint): Set<string> {
-  return new Set(declaredFiles(c));
 }

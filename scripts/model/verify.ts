@@ -3,7 +3,7 @@
 import path from "node:path";
 import fs from "fs-extra";
 import { type Checkpoint, chapterNumber, declaredFiles } from "./manifest.js";
-import { type HistoryInfo, changedFiles, materialize, showFile } from "./history.js";
+import { type HistoryInfo, changedFiles, materialize, showFile, stalePins } from "./history.js";
 import { planMutation, withMutation } from "./faults.js";
 import { courseTableCurrent } from "./docs.js";
 import { FORBIDDEN_IN_PRACTICE, writePracticeTree } from "./practice-tree.js";
@@ -57,7 +57,7 @@ export async function verifyCheckpoint(c: Checkpoint, info: HistoryInfo, work: s
   const ownStarter = new RegExp(`Lab ${n}\\.\\d+ [^\\n]*尚未实现`);
 
   // (d) pins
-  if (c.pins.parent !== ids.parent || c.pins.target !== ids.target)
+  if (stalePins([c], info).length > 0)
     fail("固定值", `清单 pins 与历史不一致（历史 parent ${ids.parent.slice(0, 12)} / target ${ids.target.slice(0, 12)}）：运行 npm run history -- --pin`);
 
   // history invariant: the chapter touches only what it declares, and all of it
