@@ -186,15 +186,20 @@ async function tag(g: SimpleGit, scratch: string, name: string, commit: string, 
   await g.raw(["update-ref", `refs/tags/${name}`, id]);
 }
 
-/** Reads commit ids back from the tags of an existing history repository. */
+/** Reads commit ids back from the tags of an existing history repository (one git call). */
 export async function readHistory(dir: string, checkpoints: Checkpoint[]): Promise<HistoryInfo> {
-  const g = git(dir);
-  const peel = async (ref: string): Promise<string> => (await g.raw(["rev-parse", `${ref}^{commit}`])).trim();
-  const base = await peel(`refs/tags/${BASE_TAG}`);
+  const out = await git(dir).raw(["for-each-ref", "--format=%(refname:short) %(*objectname)", "refs/tags/course/"]);
+  const tags = new Map(out.split("\n").filter(Boolean).map((line) => line.split(" ") as [string, string]));
+  const peel = (name: string): string => {
+    const id = tags.get(name);
+    if (!id) throw new CourseError(`教学历史缺少标签 ${name}：运行 npm run history 重建。`);
+    return id;
+  };
+  const base = peel(BASE_TAG);
   const chapters = new Map<string, ChapterCommits>();
   let parent = base;
   for (const c of checkpoints) {
-    const target = await peel(`refs/tags/course/${c.id}`);
+    const target = peel(`course/${c.id}`);
     chapters.set(c.id, { parent, target });
     parent = target;
   }
