@@ -124,7 +124,7 @@ export class Agent {
    * 1. 已有当前 run → 以 `Agent is busy` 拒绝。
    * 2. 在发布 run_start 之前算好本轮输入：历史副本 + system 补丁（若有）+ 本轮 user。
    * 3. 新建 ActiveRun 并保存，发布 run_start；然后不经任何 await 就把 context、signal、
-   *    onEvent 和两个取队列函数交给 runAgentLoop()。
+   *    onEvent，以及取 steering / follow-up 队列的两个回调，一并传给 runAgentLoop()。
    * 4. 收到结果后：先只清理“自己创建的那一份” ActiveRun，再发布唯一的 run_end，最后返回结果的深副本。
    */
   prompt(value: string, options: PromptOptions = {}): Promise<AgentRunResult> {

@@ -42,7 +42,7 @@ export interface ContextBudget {
 export interface RuntimeConfig {
   /** 必填但可以是 null：null 只表示“空 session 上的新会话”，绝不表示“替我猜一条分支”。 */
   activeLeafId: string | null;
-  /** 只在路径上还没有任何 system message 时，作为第一条补丁的基础 prompt。 */
+  /** 基础 prompt：只有当前路径里一条 system message 都没有时，才写进第一条补丁。 */
   systemPrompt?: string;
   maxSteps?: number;
   context: ContextBudget;
@@ -196,7 +196,7 @@ interface SystemState {
 
 type SystemPatch = NonNullable<PromptOptions["system"]>;
 
-/** 这一轮希望模型看到的 system：基础 prompt 加上 catalog 的静态资源段落。 */
+/** 期望状态：本轮要让模型看到的 system，即基础 prompt 再加 catalog 生成的资源段落。 */
 function desiredSystemState(configured: string | undefined, resources: ResourceCatalog): SystemState {
   const sections: Record<string, string> = {};
   // 空 catalog 不调用 formatter，免得写出一个只有标题的资源段落。
