@@ -1,15 +1,16 @@
 // Shared pieces of the harness tests: run a course command the way a learner's npm would, and make throw-away
 // copies of the repository under os.tmpdir(). Not a test file itself (only *.test.ts are run).
 import { spawn, type ChildProcess } from "node:child_process";
-import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import fs from "fs-extra";
 import type { Checkpoint } from "../scripts/model/manifest.js";
+import { PACKAGE_DIR, inTree } from "../scripts/model/paths.js";
+import { linkNodeModules, makeTempDir } from "../scripts/model/trees.js";
 
 /** The course repository these tests belong to. */
 export const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
-export const PACKAGE = "packages/pi-course";
+export const PACKAGE = PACKAGE_DIR;
 
 export interface Result { code: number | null; signal: NodeJS.Signals | null; stdout: string; stderr: string }
 
@@ -73,7 +74,14 @@ export async function git(dir: string, args: string[]): Promise<string> {
 
 /** A fresh folder under os.tmpdir(); remove it with fs.remove when done. */
 export function tempDir(label: string): Promise<string> {
-  return fs.mkdtemp(path.join(os.tmpdir(), `pi-course-test-${label}-`));
+  return makeTempDir(`test-${label}`);
+}
+
+/** A new, empty sub-folder of a test's scratch folder. */
+export async function freshDir(scratch: string, name: string): Promise<string> {
+  const dir = path.join(scratch, name);
+  await fs.ensureDir(dir);
+  return dir;
 }
 
 /** Names that are never part of the repository's content (ignored or generated). */
@@ -98,14 +106,9 @@ export async function copyCourse(dest: string): Promise<void> {
   await linkNodeModules(dest);
 }
 
-export async function linkNodeModules(dest: string): Promise<void> {
-  await fs.symlink(fs.realpathSync(path.join(REPO, "node_modules")), path.join(dest, "node_modules"), "dir");
-}
-
+export { linkNodeModules };
 /** Repository-relative POSIX path → absolute path under `root`. */
-export function at(root: string, repoPath: string): string {
-  return path.join(root, ...repoPath.split("/"));
-}
+export { inTree as at };
 
 /** The chapter the tests use as "a real chapter": 01 (present in every state of the course). */
 export function realChapter(checkpoints: Checkpoint[]): Checkpoint {

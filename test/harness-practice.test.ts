@@ -6,7 +6,7 @@ import path from "node:path";
 import fs from "fs-extra";
 import { loadCheckpoints } from "../scripts/model/manifest.js";
 import { ensureHistory } from "../scripts/model/history.js";
-import { PACKAGE, REPO, at, collect, course, git, learnerEnv, realChapter, tempDir, waitFor } from "./harness-helpers.js";
+import { PACKAGE, REPO, at, collect, course, git, learnerEnv, realChapter, tempDir, waitFor, freshDir } from "./harness-helpers.js";
 
 const checkpoints = loadCheckpoints();
 const chapter = realChapter(checkpoints);
@@ -20,11 +20,7 @@ after(async () => {
   await fs.remove(scratch);
 });
 
-async function fresh(name: string): Promise<string> {
-  const dir = path.join(scratch, name);
-  await fs.ensureDir(dir);
-  return dir;
-}
+const fresh = (name: string): Promise<string> => freshDir(scratch, name);
 
 test("practice 01 p01：目录相对于调用者所在的文件夹（INIT_CWD），而不是 packages/pi-course", async () => {
   const caller = await fresh("caller");

@@ -5,7 +5,7 @@ import path from "node:path";
 import fs from "fs-extra";
 import { loadCheckpoints } from "../scripts/model/manifest.js";
 import { ensureHistory } from "../scripts/model/history.js";
-import { REPO, at, copyCourse, course, lines, realChapter, tempDir } from "./harness-helpers.js";
+import { REPO, at, copyCourse, course, lines, realChapter, tempDir, freshDir } from "./harness-helpers.js";
 
 const checkpoints = loadCheckpoints();
 const chapter = realChapter(checkpoints);
@@ -20,11 +20,7 @@ after(async () => {
   await fs.remove(scratch);
 });
 
-async function fresh(name: string): Promise<string> {
-  const dir = path.join(scratch, name);
-  await fs.ensureDir(dir);
-  return dir;
-}
+const fresh = (name: string): Promise<string> => freshDir(scratch, name);
 
 test("practice 拒绝未知章节：退出码非 0，一行列出可用章节，什么也不创建", async () => {
   const caller = await fresh("unknown-chapter");
