@@ -1,6 +1,6 @@
 // npm run lab -w @pi/course -- 13.1 | 13 [--watch]
 // Builds incrementally, runs node's test runner with an anchored lab pattern and prints `Lab 13.1: 0/2` lines.
-import fs from "fs-extra";
+import fs from "node:fs"; // not fs-extra: the lab loop loads these modules on every run
 import { CourseError, main, rejectUnknownOptions, takeFlag } from "./model/cli.js";
 import { type ChapterSpec, formatLabReport, runLab } from "./model/labs.js";
 import { loadCheckpoints, parseChapterArg } from "./model/manifest.js";

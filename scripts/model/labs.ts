@@ -1,6 +1,6 @@
 // One lab run as data: build, run the focused test file with an anchored pattern, group the outcomes by lab.
 import path from "node:path";
-import fs from "fs-extra";
+import fs from "node:fs"; // not fs-extra: the lab loop loads these modules on every run
 import { CourseError } from "./cli.js";
 import { type Lab, labPattern } from "./manifest.js";
 import { PACKAGE_DIR, inTree } from "./paths.js";

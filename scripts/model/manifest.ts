@@ -1,7 +1,7 @@
 // The checkpoint model: one JSON manifest per chapter, validated on load.
 // A bad manifest is reported with its file and the exact field that is wrong.
 import path from "node:path";
-import fs from "fs-extra";
+import fs from "node:fs"; // not fs-extra: the lab loop loads these modules on every run
 import { CHECKPOINTS_DIR, ROOT, isPracticeRoot } from "./paths.js";
 import { CourseError } from "./cli.js";
 

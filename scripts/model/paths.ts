@@ -2,7 +2,7 @@
 // never from the shell's working directory; the caller's folder comes from INIT_CWD.
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import fs from "fs-extra";
+import fs from "node:fs"; // not fs-extra: the lab loop loads these modules on every run
 
 export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..", "..");
 export const PACKAGE_DIR = "packages/pi-course";

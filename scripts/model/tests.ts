@@ -4,7 +4,7 @@ import { promisify } from "node:util";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { run } from "node:test";
-import fs from "fs-extra";
+import fs from "node:fs"; // not fs-extra: the lab loop loads these modules on every run
 import { PACKAGE_DIR, inTree } from "./paths.js";
 
 const exec = promisify(execFile);
@@ -84,37 +84,37 @@ export async function runTests(root: string, files: string[], options: RunOption
   if (process.env.NODE_TEST_CONTEXT) return runTestsInWorker(root, files, options);
   const absolute = files.map((file) => inTree(root, file));
   const outcomes: TestOutcome[] = [];
-  // node's runner hands our own node flags (tsx's loader) to every test process; compiled tests are plain JS.
+  // node's runner hands our own node flags (tsx's loader) to every test process it spawns, and it spawns them
+  // while the stream is being read; compiled tests are plain JS, so clear the flags until the run is over.
   const execArgv = process.execArgv;
   process.execArgv = [];
-  let stream: ReturnType<typeof run>;
   try {
-    stream = run({
+    const stream = run({
       files: absolute,
       concurrency: true,
       timeout: options.timeout ?? 60_000,
       ...(options.patterns ? { testNamePatterns: options.patterns } : {}),
     });
+    for await (const event of stream) {
+      if (event.type !== "test:pass" && event.type !== "test:fail") continue;
+      const data = event.data as { name: string; nesting: number; file?: string; skip?: unknown; todo?: unknown; details: { error?: unknown } };
+      // Tests filtered out by a name pattern arrive as passes marked `skip`; they did not run.
+      if (data.nesting !== 0 || data.skip !== undefined || data.todo !== undefined) continue;
+      const error = data.details.error as { failureType?: string } | undefined;
+      if (error?.failureType === "subtestsFailed") continue;
+      // A whole file shows up as a test of its own: keep it only when the file itself failed (e.g. it crashed on load).
+      if ((data.file && data.name === data.file) || absolute.includes(data.name)) {
+        if (event.type === "test:pass") continue;
+      }
+      outcomes.push({
+        name: data.name,
+        file: data.file ? path.relative(root, data.file).split(path.sep).join("/") : "",
+        passed: event.type === "test:pass",
+        error: event.type === "test:fail" ? errorText(data.details.error) : "",
+      });
+    }
   } finally {
     process.execArgv = execArgv;
-  }
-  for await (const event of stream) {
-    if (event.type !== "test:pass" && event.type !== "test:fail") continue;
-    const data = event.data as { name: string; nesting: number; file?: string; skip?: unknown; todo?: unknown; details: { error?: unknown } };
-    // Tests filtered out by a name pattern arrive as passes marked `skip`; they did not run.
-    if (data.nesting !== 0 || data.skip !== undefined || data.todo !== undefined) continue;
-    const error = data.details.error as { failureType?: string } | undefined;
-    if (error?.failureType === "subtestsFailed") continue;
-    // A whole file shows up as a test of its own: keep it only when the file itself failed (e.g. it crashed on load).
-    if ((data.file && data.name === data.file) || absolute.includes(data.name)) {
-      if (event.type === "test:pass") continue;
-    }
-    outcomes.push({
-      name: data.name,
-      file: data.file ? path.relative(root, data.file).split(path.sep).join("/") : "",
-      passed: event.type === "test:pass",
-      error: event.type === "test:fail" ? errorText(data.details.error) : "",
-    });
   }
   return outcomes;
 }
