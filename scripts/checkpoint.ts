@@ -2,7 +2,7 @@
 // Prints the checkpoint card (ids, files, labs, first red, commands); builds the teaching history on demand.
 import fs from "fs-extra";
 import { CourseError, main, rejectUnknownOptions, takeFlag, takeOption } from "./model/cli.js";
-import { type Checkpoint, chapterNumber, findCheckpoint, loadCheckpoints } from "./model/manifest.js";
+import { type Checkpoint, chapterNumber, findCheckpoint, focusedGlob, loadCheckpoints, previousId, totalTests } from "./model/manifest.js";
 import { type HistoryInfo, diffText, ensureHistory, materialize } from "./model/history.js";
 import { ROOT, isInside, resolveFromCaller } from "./model/paths.js";
 
@@ -11,8 +11,7 @@ const USAGE = "用法：npm run checkpoint -w @pi/course -- <章节 00..NN> [--d
 function chapterList(checkpoints: Checkpoint[]): string {
   const lines = ["pi-course 的章节（npm run checkpoint -w @pi/course -- NN 查看一章）：", ""];
   for (const c of checkpoints) {
-    const tests = c.labs.reduce((sum, lab) => sum + lab.count, 0);
-    lines.push(`  ${c.id}  ${c.mode}  ${c.title}（${c.labs.length} 个 lab，${tests} 项测试）`);
+    lines.push(`  ${c.id}  ${c.mode}  ${c.title}（${c.labs.length} 个 lab，${totalTests(c)} 项测试）`);
   }
   return lines.join("\n");
 }
@@ -20,8 +19,8 @@ function chapterList(checkpoints: Checkpoint[]): string {
 function card(c: Checkpoint, info: HistoryInfo): string {
   const ids = info.chapters.get(c.id)!;
   const n = chapterNumber(c);
-  const previous = String(Number(c.id) - 1).padStart(2, "0");
-  const total = c.labs.reduce((sum, lab) => sum + lab.count, 0);
+  const previous = previousId(c);
+  const total = totalTests(c);
   const lines = [
     `Checkpoint ${c.id} · ${c.title}`,
     "",
@@ -44,7 +43,7 @@ function card(c: Checkpoint, info: HistoryInfo): string {
     `  npm run practice -w @pi/course -- ${c.id} ../pi-practice-${c.id}`,
     `  cd ../pi-practice-${c.id} && npm install`,
     "  npm run build -w @pi/course",
-    `  node --test --test-name-pattern="Lab ${n}.1" packages/pi-course/dist/test/${c.id}-*.test.js`,
+    `  node --test --test-name-pattern="Lab ${n}.1" ${focusedGlob(c.id)}`,
     `  npm run lab -w @pi/course -- ${n}.1                 # 同上，锚定匹配并逐条说明失败`,
     `  npm run lab -w @pi/course -- ${n}                   # 全章验收：chapter total ${total}/${total}`,
     `  npm run fault -w @pi/course -- ${c.id} ${c.faults[0]!.id}`,

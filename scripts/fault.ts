@@ -4,62 +4,44 @@
 import path from "node:path";
 import fs from "fs-extra";
 import { CourseError, main, rejectUnknownOptions, takeOption } from "./model/cli.js";
-import { type Checkpoint, type Fault, findCheckpoint, loadCheckpoints } from "./model/manifest.js";
-import { manualSteps, planMutation, withMutation } from "./model/faults.js";
+import { type Checkpoint, type Fault, findCheckpoint, focusedGlob, loadCheckpoints } from "./model/manifest.js";
+import { caughtExactly, greenAgain, injectFault, manualSteps, planMutation } from "./model/faults.js";
 import { ensureHistory, materialize } from "./model/history.js";
 import { inTree, isInside, resolveFromCaller, ROOT } from "./model/paths.js";
-import { buildPackage, compiledTest, runTests } from "./model/tests.js";
+import { buildPackage, firstLines } from "./model/tests.js";
 import { linkNodeModules, withTempDir } from "./model/trees.js";
 
 const USAGE = "用法：npm run fault -w @pi/course -- <章节> <故障 id> [--dir 练习目录]";
 
-function exactTitle(title: string): RegExp {
-  return new RegExp(`^${title.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}$`);
-}
-
 async function buildOrThrow(root: string, stage: string): Promise<void> {
   const build = await buildPackage(root);
-  if (!build.ok) throw new CourseError(`${stage}时构建失败：\n${build.output.trim().split("\n").slice(0, 20).join("\n")}`);
-}
-
-/** Runs the whole focused file and prints which tests are red; returns the red titles. */
-async function showRun(root: string, c: Checkpoint): Promise<string[]> {
-  const outcomes = await runTests(root, [compiledTest(c.focusedTest)]);
-  const red = outcomes.filter((o) => !o.passed);
-  console.log(`  聚焦测试：${outcomes.length - red.length}/${outcomes.length} 通过`);
-  for (const o of red) {
-    console.log(`  ✗ ${o.name}`);
-    for (const line of o.error.split("\n").filter((l) => l.trim()).slice(0, 3)) console.log(`      ${line}`);
-  }
-  return red.map((o) => o.name);
+  if (!build.ok) throw new CourseError(`${stage}时构建失败：\n${firstLines(build.output, 20)}`);
 }
 
 async function exercise(root: string, c: Checkpoint, fault: Fault, mutated: string): Promise<boolean> {
-  const file = inTree(root, fault.file);
-  const command = `node --test --test-name-pattern="${fault.test}" ${compiledTest(c.focusedTest).replace(/\/[^/]+$/, `/${c.id}-*.test.js`)}`;
   console.log(`② 注入故障 ${fault.id}：${fault.description}`);
   console.log(`   文件：${fault.file}`);
   for (const edit of fault.mutation) {
     for (const line of edit.find.split("\n")) console.log(`   - ${line}`);
     for (const line of edit.replace.split("\n")) console.log(`   + ${line}`);
   }
-  let red: string[] = [];
-  await withMutation(file, mutated, async () => {
-    await buildOrThrow(root, "注入故障后");
-    console.log(`③ 运行聚焦测试（等价于 ${command} 加上其余测试）：`);
-    red = await showRun(root, c);
-  });
+  console.log(`③ 构建并运行整份聚焦测试 ${focusedGlob(c.id)}（应当只有 "${fault.test}" 变红）：`);
+  const run = await injectFault(root, c, fault, mutated);
+  if (!run.built) throw new CourseError(`注入故障后构建失败：\n${firstLines(run.buildOutput, 20)}`);
+  const red = run.outcomes.filter((o) => !o.passed);
+  console.log(`  聚焦测试：${run.outcomes.length - red.length}/${run.outcomes.length} 通过`);
+  for (const o of red) {
+    console.log(`  ✗ ${o.name}`);
+    for (const line of firstLines(o.error).split("\n")) console.log(`      ${line}`);
+  }
   console.log(`④ 已恢复 ${fault.file}，重新构建并运行 "${fault.test}"：`);
-  await buildOrThrow(root, "恢复后");
-  const after = await runTests(root, [compiledTest(c.focusedTest)], { patterns: [exactTitle(fault.test)] });
-  const green = after.length === 1 && after[0]!.passed;
+  const green = await greenAgain(root, c, [fault.test]);
   console.log(`  ${green ? "✓" : "✗"} ${fault.test}`);
-  const caught = red.length === 1 && red[0] === fault.test;
-  if (caught && green) {
+  if (caughtExactly(fault, run) && green) {
     console.log(`结论：故障只让 "${fault.test}" 变红，恢复后它重新变绿。`);
     return true;
   }
-  if (!red.includes(fault.test)) console.log(`结论：指定的测试没有变红——这份实现没有被它抓住。`);
+  if (!red.some((o) => o.name === fault.test)) console.log("结论：指定的测试没有变红——这份实现没有被它抓住。");
   else if (red.length > 1) console.log(`结论：除了指定测试，还有 ${red.length - 1} 项也变红了。`);
   if (!green) console.log("结论：恢复后指定测试没有回到绿色；先让它在未注入故障时通过。");
   return false;

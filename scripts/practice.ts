@@ -5,7 +5,7 @@ import path from "node:path";
 import fs from "fs-extra";
 import { simpleGit } from "simple-git";
 import { CourseError, main, rejectUnknownOptions } from "./model/cli.js";
-import { chapterNumber, findCheckpoint, loadCheckpoints } from "./model/manifest.js";
+import { chapterNumber, findCheckpoint, focusedGlob, loadCheckpoints } from "./model/manifest.js";
 import { ensureHistory } from "./model/history.js";
 import { ROOT, isInside, resolveFromCaller } from "./model/paths.js";
 import { writePracticeTree } from "./model/practice-tree.js";
@@ -68,7 +68,7 @@ await main(async (args) => {
     `  cd ${shown}`,
     "  npm install",
     "  npm run build -w @pi/course",
-    `  node --test --test-name-pattern="Lab ${n}.1" packages/pi-course/dist/test/${c.id}-*.test.js`,
+    `  node --test --test-name-pattern="Lab ${n}.1" ${focusedGlob(c.id)}`,
     `  npm run lab -w @pi/course -- ${n}.1`,
     c.mode === "观察" ? "观察模式：测试应当已经全绿，先预测输出再运行。" : `第一次红灯应当是：${c.firstRed}`,
   ].join("\n"));

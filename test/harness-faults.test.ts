@@ -6,7 +6,7 @@ import { spawn } from "node:child_process";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
 import fs from "fs-extra";
-import { loadCheckpoints } from "../scripts/model/manifest.js";
+import { loadCheckpoints, totalTests } from "../scripts/model/manifest.js";
 import { ensureHistory } from "../scripts/model/history.js";
 import { withMutation } from "../scripts/model/faults.js";
 import { REPO, at, collect, course, learnerEnv, realChapter, tempDir, waitFor } from "./harness-helpers.js";
@@ -93,7 +93,7 @@ test(`fault ${chapter.id} <故障 id>：指定测试先变红、恢复后变绿�
   const green = result.stdout.indexOf(`  ✓ ${fault.test}`);
   assert.ok(red >= 0, `应先显示红色：\n${result.stdout}`);
   assert.ok(green > red, `恢复后应显示绿色：\n${result.stdout}`);
-  const total = chapter.labs.reduce((sum, lab) => sum + lab.count, 0);
+  const total = totalTests(chapter);
   assert.ok(result.stdout.includes(`聚焦测试：${total - 1}/${total} 通过`), "只有这一项变红");
   assert.ok(result.stdout.includes(`结论：故障只让 "${fault.test}" 变红，恢复后它重新变绿。`), result.stdout);
   const leftovers = (await fs.readdir(tmp)).filter((name) => name.startsWith("pi-course-"));

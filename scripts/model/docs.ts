@@ -1,6 +1,6 @@
 // The chapter table in COURSE.md is generated from the manifests; verify fails when the two disagree.
 import fs from "fs-extra";
-import type { Checkpoint } from "./manifest.js";
+import { type Checkpoint, totalTests } from "./manifest.js";
 import { ROOT, inTree } from "./paths.js";
 
 export const COURSE_FILE = "COURSE.md";
@@ -11,9 +11,8 @@ export function chapterTable(checkpoints: Checkpoint[]): string {
   const rows = checkpoints.map((c) => {
     const files = c.teachingFiles.map((f) => `\`${f.replace("packages/pi-course/", "")}\`${c.fileModes[f] ? `（${c.fileModes[f]}）` : ""}`).join("<br>");
     const labs = c.labs.map((lab) => `${lab.id} ×${lab.count}`).join("，");
-    const total = c.labs.reduce((sum, lab) => sum + lab.count, 0);
     const faults = c.faults.map((f) => `\`${f.id}\`（${f.lab}）`).join("<br>");
-    return `| [${c.id}](checkpoints/${c.folder}/README.md) | ${c.title} | ${c.mode} | ${files} | ${labs}（共 ${total}） | \`${c.firstRed}\` | ${faults} |`;
+    return `| [${c.id}](checkpoints/${c.folder}/README.md) | ${c.title} | ${c.mode} | ${files} | ${labs}（共 ${totalTests(c)}） | \`${c.firstRed}\` | ${faults} |`;
   });
   return [
     BEGIN,

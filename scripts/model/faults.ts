@@ -1,6 +1,8 @@
 // Fault exercises: a one-line (or few-line) mutation of the solution, as data, that exactly one named test catches.
 import fs from "fs-extra";
-import type { Fault } from "./manifest.js";
+import type { Checkpoint, Fault } from "./manifest.js";
+import { inTree } from "./paths.js";
+import { type TestOutcome, buildPackage, compiledTest, runTests } from "./tests.js";
 
 export type MutationPlan =
   | { ok: true; mutated: string; original: string }
@@ -63,4 +65,33 @@ export function manualSteps(fault: Fault, command: string): string {
 
 function indent(text: string): string {
   return text.split("\n").map((line) => `     ${line}`).join("\n");
+}
+
+export interface FaultRun { built: boolean; buildOutput: string; outcomes: TestOutcome[] }
+
+/**
+ * Injects one fault into the tree at `root` (whose target must already be built), builds, runs the whole focused
+ * file, and restores the file whatever happens. `outcomes` are empty when the mutated tree does not build.
+ */
+export async function injectFault(root: string, c: Checkpoint, fault: Fault, mutated: string): Promise<FaultRun> {
+  return withMutation(inTree(root, fault.file), mutated, async () => {
+    const build = await buildPackage(root);
+    if (!build.ok) return { built: false, buildOutput: build.output, outcomes: [] };
+    return { built: true, buildOutput: build.output, outcomes: await runTests(root, [compiledTest(c.focusedTest)]) };
+  });
+}
+
+/** True when exactly the fault's named test is red: the fault is caught, and by nothing else. */
+export function caughtExactly(fault: Fault, run: FaultRun): boolean {
+  const red = run.outcomes.filter((o) => !o.passed);
+  return run.built && red.length === 1 && red[0]!.name === fault.test;
+}
+
+/** After restoring: rebuild and run the named tests again; true when every one of them ran and passed. */
+export async function greenAgain(root: string, c: Checkpoint, titles: string[]): Promise<boolean> {
+  const build = await buildPackage(root);
+  if (!build.ok) return false;
+  const exact = titles.map((title) => new RegExp(`^${title.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}$`));
+  const outcomes = await runTests(root, [compiledTest(c.focusedTest)], { patterns: exact });
+  return outcomes.length === titles.length && outcomes.every((o) => o.passed);
 }

@@ -4,7 +4,7 @@ import fs from "node:fs"; // not fs-extra: the lab loop loads these modules on e
 import { CourseError } from "./cli.js";
 import { type Lab, labPattern } from "./manifest.js";
 import { PACKAGE_DIR, inTree } from "./paths.js";
-import { type TestOutcome, buildPackage, compiledTest, labOf, runTests } from "./tests.js";
+import { type TestOutcome, buildPackage, compiledTest, firstLines, labOf, runTests } from "./tests.js";
 
 export interface ChapterSpec { id: string; focusedTest?: string; labs?: Lab[] }
 
@@ -27,7 +27,7 @@ export function focusedCompiled(root: string, spec: ChapterSpec): string {
 export async function runLab(root: string, spec: ChapterSpec, lab?: string): Promise<LabReport> {
   const build = await buildPackage(root);
   if (!build.ok) {
-    throw new CourseError(`构建失败（tsc）：先修好下面的类型错误，再重新运行。\n${build.output.trim().split("\n").slice(0, 30).join("\n")}`);
+    throw new CourseError(`构建失败（tsc）：先修好下面的类型错误，再重新运行。\n${firstLines(build.output, 30)}`);
   }
   const file = focusedCompiled(root, spec);
   if (!fs.existsSync(inTree(root, file))) throw new CourseError(`构建后仍找不到 ${file}。`);
@@ -39,7 +39,7 @@ export async function runLab(root: string, spec: ChapterSpec, lab?: string): Pro
   const testMs = Date.now() - started;
   const crashed = outcomes.filter((o) => labOf(o.name) === undefined && !o.passed);
   if (crashed.length > 0)
-    throw new CourseError(`测试文件没能运行完：${path.basename(file)}\n${crashed.map((o) => o.error).join("\n").split("\n").slice(0, 20).join("\n")}`);
+    throw new CourseError(`测试文件没能运行完：${path.basename(file)}\n${firstLines(crashed.map((o) => o.error).join("\n"), 20)}`);
   const ids = lab ? [lab] : (known ?? [...new Set(outcomes.map((o) => labOf(o.name)!))].sort(compareLab));
   const verdicts = ids.map((id): LabVerdict => {
     const mine = outcomes.filter((o) => labOf(o.name) === id);
@@ -67,7 +67,7 @@ export function formatLabReport(report: LabReport, whole: boolean): string {
     else if (v.expected !== undefined && v.ran !== v.expected) lines.push(`  ✗ 清单说 Lab ${v.lab} 有 ${v.expected} 个测试，实际运行了 ${v.ran} 个。`);
     for (const o of v.outcomes.filter((x) => !x.passed)) {
       lines.push(`  ✗ ${o.name}`);
-      for (const line of o.error.split("\n").filter((l) => l.trim() !== "").slice(0, 4)) lines.push(`      ${line}`);
+      for (const line of firstLines(o.error, 4).split("\n")) lines.push(`      ${line}`);
     }
   }
   if (whole) {

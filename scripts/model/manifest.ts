@@ -2,7 +2,7 @@
 // A bad manifest is reported with its file and the exact field that is wrong.
 import path from "node:path";
 import fs from "node:fs"; // not fs-extra: the lab loop loads these modules on every run
-import { CHECKPOINTS_DIR, ROOT, isPracticeRoot } from "./paths.js";
+import { CHECKPOINTS_DIR, PACKAGE_DIR, ROOT, isPracticeRoot } from "./paths.js";
 import { CourseError } from "./cli.js";
 
 export type Mode = "重建" | "扩展" | "观察";
@@ -255,6 +255,20 @@ export function declaredFiles(c: Manifest): string[] {
 
 export function chapterNumber(c: Pick<Manifest, "id">): string {
   return String(Number(c.id));
+}
+
+/** Id of the chapter before `c` ("09" → "08"); the parent of checkpoint 00 is course/base instead. */
+export function previousId(c: Pick<Manifest, "id">): string {
+  return String(Number(c.id) - 1).padStart(2, "0");
+}
+
+export function totalTests(c: Pick<Manifest, "labs">): number {
+  return c.labs.reduce((sum, lab) => sum + lab.count, 0);
+}
+
+/** The glob a learner types for the compiled focused test, e.g. packages/pi-course/dist/test/13-*.test.js. */
+export function focusedGlob(id: string): string {
+  return `${PACKAGE_DIR}/dist/test/${id}-*.test.js`;
 }
 
 /** Anchored pattern for one lab ("Lab 13.1 · ", never "Lab 13.10"). */

@@ -7,7 +7,6 @@ import fs from "node:fs"; // not fs-extra: the lab loop loads these modules on e
 export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..", "..");
 export const PACKAGE_DIR = "packages/pi-course";
 export const CHECKPOINTS_DIR = path.join(ROOT, "checkpoints");
-export const HISTORY_DIR = path.join(ROOT, ".history");
 /** Written by `practice` at the root of a practice folder; its presence means "we are in a practice folder". */
 export const PRACTICE_MANIFEST = "pi-practice.json";
 

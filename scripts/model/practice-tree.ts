@@ -2,7 +2,7 @@
 // the target, the starters laid over the teaching files, the lab runner, and a LEARNING.md. No history, no answer.
 import path from "node:path";
 import fs from "fs-extra";
-import { type Checkpoint, chapterNumber } from "./manifest.js";
+import { type Checkpoint, chapterNumber, focusedGlob, previousId, totalTests } from "./manifest.js";
 import { type HistoryInfo, materialize, showFile } from "./history.js";
 import { PRACTICE_MANIFEST, ROOT, inTree } from "./paths.js";
 
@@ -63,7 +63,7 @@ export function learningText(c: Checkpoint, info: HistoryInfo, dest: string): st
   const ids = info.chapters.get(c.id)!;
   const n = chapterNumber(c);
   const observe = c.mode === "观察";
-  const previous = String(Number(c.id) - 1).padStart(2, "0");
+  const previous = previousId(c);
   const lines: string[] = [
     `# 第 ${c.id} 章练习目录 · ${c.title}`,
     "",
@@ -114,14 +114,14 @@ export function learningText(c: Checkpoint, info: HistoryInfo, dest: string): st
     "| Lab | 内容 | 测试数 |",
     "|---|---|---|",
     ...c.labs.map((lab) => `| ${lab.id} | ${lab.title} | ${lab.count} |`),
-    `| 合计 | | ${c.labs.reduce((sum, lab) => sum + lab.count, 0)} |`,
+    `| 合计 | | ${totalTests(c)} |`,
     "",
     "## 命令",
     "",
     "```bash",
     "npm install",
     "npm run build -w @pi/course",
-    `node --test --test-name-pattern="Lab ${n}.1" packages/pi-course/dist/test/${c.id}-*.test.js`,
+    `node --test --test-name-pattern="Lab ${n}.1" ${focusedGlob(c.id)}`,
     `npm run lab -w @pi/course -- ${n}.1        # 同一件事：先构建，只跑 Lab ${n}.1（锚定匹配），逐条给出失败原因`,
     `npm run lab -w @pi/course -- ${n}.1 --watch  # 保存文件后自动重跑`,
     `npm run lab -w @pi/course -- ${n}          # 全章验收记录，最后一行是 chapter total`,

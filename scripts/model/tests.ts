@@ -141,6 +141,7 @@ export function labOf(title: string): string | undefined {
   return /^Lab (\d+\.\d+) · /.exec(title)?.[1];
 }
 
-export function firstLine(text: string, max = 3): string {
+/** The first `max` non-blank lines of a message, for one-screen reports. */
+export function firstLines(text: string, max = 3): string {
   return text.split("\n").map((line) => line.trimEnd()).filter((line) => line.trim() !== "").slice(0, max).join("\n");
 }

@@ -4,11 +4,11 @@ import path from "node:path";
 import fs from "fs-extra";
 import { type Checkpoint, chapterNumber, declaredFiles } from "./manifest.js";
 import { type HistoryInfo, changedFiles, materialize, showFile, stalePins } from "./history.js";
-import { planMutation, withMutation } from "./faults.js";
+import { caughtExactly, greenAgain, injectFault, planMutation } from "./faults.js";
 import { courseTableCurrent } from "./docs.js";
 import { FORBIDDEN_IN_PRACTICE, writePracticeTree } from "./practice-tree.js";
 import { PACKAGE_DIR, ROOT, inTree } from "./paths.js";
-import { type TestOutcome, buildPackage, compiledTest, compiledTests, firstLine, labOf, runTests } from "./tests.js";
+import { buildPackage, compiledTest, compiledTests, firstLines, labOf, runTests } from "./tests.js";
 import { linkNodeModules } from "./trees.js";
 
 export interface Finding { area: string; message: string }
@@ -18,9 +18,22 @@ export interface CheckpointVerdict { id: string; findings: Finding[]; notes: str
 export const CARD_LABELS = ["模式", "起终点", "教学文件", "学习脚手架", "动手前只需知道", "第一步", "第一次红灯", "聚焦测试", "定位命令", "练习目录", "聚焦运行", "通过证据"];
 const GUIDE_SECTIONS = ["## 故障练习", "## 边界", "## 验收清单", "## 小结"];
 
-function testChapter(file: string): number | undefined {
-  const match = /\/(\d{2})-[^/]*\.test\.(?:ts|js)$/.exec(file);
+/** Chapter of a focused test file name ("13-composition-modes.test.ts" → 13). */
+function testChapter(name: string): number | undefined {
+  const match = /^(\d{2})-.*\.test\.ts$/.exec(name);
   return match ? Number(match[1]) : undefined;
+}
+
+/**
+ * A starter for a file the parent already has (a chapter that *changes* a file) is a full copy of the parent's
+ * version with this chapter's sites stubbed. When an earlier chapter is edited later, such a copy silently goes
+ * stale; every line the parent and the target share must therefore still be in the starter.
+ */
+export function staleStarterLines(parent: string, target: string, starter: string): string[] {
+  const trimmed = (text: string): Set<string> => new Set(text.split("\n").map((line) => line.trim()));
+  const inTarget = trimmed(target);
+  const inStarter = trimmed(starter);
+  return [...trimmed(parent)].filter((line) => line.length > 3 && inTarget.has(line) && !inStarter.has(line));
 }
 
 /**
@@ -32,11 +45,11 @@ export function implementationLines(text: string): Set<string> {
   return new Set(lines.filter((line) =>
     line.length >= 24 &&
     !/^(export |import |\/\/|\/\*|\*|readonly |private |protected |public |static |declare |type |interface |constructor\(|\}|\{|case |default:)/.test(line) &&
-    !/^[\w$]+\??: [^=()]*[;,]?$/.test(line) &&
+    !/^([\w$]+\??: |\))/.test(line) && // a field, a parameter (with or without a default) or the end of a signature
     !/^(async )?\*?[\w$\[\].]+(<[^>]*>)?\(.*\)(: .+)? \{$/.test(line) && // method signature opening a body
-    !/^[\w$]+(<[^>]*>)?\(.*\)(: .+)?;$/.test(line) && // method signature in an interface
+    !/^[\w$]+\??(<[^>]*>)?\(.*\): .+;$/.test(line) && // method signature in an interface (it has a return type)
     !/^const [A-Z0-9_]+ = (["'`]).*\1;$/.test(line) && // a named exact string
-    /=|return |await |throw |if \(|for \(|while \(|\.push\(|\.then\(/.test(line)));
+    /=|return |await |throw |if \(|for \(|while \(|\);$/.test(line))); // `);` ends a call statement
 }
 
 /** A starter leaks when it carries a real share of the chapter's new implementation lines. */
@@ -82,10 +95,10 @@ export async function verifyCheckpoint(c: Checkpoint, info: HistoryInfo, work: s
   await linkNodeModules(target);
   const targetBuild = await buildPackage(target);
   let targetGreen = false;
-  if (!targetBuild.ok) fail("目标", `target 构建失败：\n${firstLine(targetBuild.output, 12)}`);
+  if (!targetBuild.ok) fail("目标", `target 构建失败：\n${firstLines(targetBuild.output, 12)}`);
   else {
     const outcomes = await runTests(target, compiledTests(target));
-    for (const o of outcomes.filter((x) => !x.passed)) fail("目标", `${o.file} · ${o.name} 失败：${firstLine(o.error)}`);
+    for (const o of outcomes.filter((x) => !x.passed)) fail("目标", `${o.file} · ${o.name} 失败：${firstLines(o.error)}`);
     const focused = outcomes.filter((o) => o.file === compiledTest(c.focusedTest));
     for (const lab of c.labs) {
       const mine = focused.filter((o) => labOf(o.name) === lab.id).map((o) => o.name);
@@ -105,31 +118,35 @@ export async function verifyCheckpoint(c: Checkpoint, info: HistoryInfo, work: s
   for (const name of FORBIDDEN_IN_PRACTICE) if (fs.existsSync(path.join(practice, name))) fail("泄漏", `练习目录里出现了 ${name}/`);
   const testDir = inTree(practice, `${PACKAGE_DIR}/test`);
   for (const name of fs.existsSync(testDir) ? await fs.readdir(testDir) : []) {
-    const chapter = testChapter(`/${name}`);
+    const chapter = testChapter(name);
     if (chapter !== undefined && chapter > Number(c.id)) fail("泄漏", `练习目录里有后续章节的测试：${name}`);
   }
   for (const file of c.heldOutTests) if (fs.existsSync(inTree(practice, file))) fail("泄漏", `练习目录里有保留测试：${file}`);
   if (c.mode !== "观察") {
+    // Teaching files the parent already has are the ones this chapter changes (the rest it introduces).
+    const parentFiles = new Set(c.teachingFiles.filter((file) => !changes.some((change) => change.file === file && change.status === "A")));
     for (const file of c.teachingFiles) {
       const solution = await showFile(info.dir, ids.target, file);
       const given = fs.existsSync(inTree(practice, file)) ? await fs.readFile(inTree(practice, file), "utf8") : "";
       if (given === solution) { fail("泄漏", `练习目录里的 ${file} 就是 target 版本`); continue; }
-      let before = "";
-      try { before = await showFile(info.dir, ids.parent, file); } catch { before = ""; }
+      const before = parentFiles.has(file) ? await showFile(info.dir, ids.parent, file) : "";
       const { leaked, total } = leakedLines(before, solution, given);
       if (leaked.length >= 3 && leaked.length * 4 >= total)
         fail("泄漏", `${file} 的脚手架含有本章实现的 ${leaked.length}/${total} 行，例如：\n${leaked.slice(0, 5).map((l) => `      ${l}`).join("\n")}`);
+      const stale = before === "" ? [] : staleStarterLines(before, solution, given);
+      if (stale.length > 0)
+        fail("脚手架", `${file} 的脚手架落后于 parent：缺少 parent 与 target 共有的 ${stale.length} 行（较早的章节改过这份文件？），例如：\n${stale.slice(0, 5).map((l) => `      ${l}`).join("\n")}`);
     }
   }
   await linkNodeModules(practice);
   const practiceBuild = await buildPackage(practice);
-  if (!practiceBuild.ok) fail("练习", `练习目录构建失败（脚手架必须能在 parent 上编译）：\n${firstLine(practiceBuild.output, 12)}`);
+  if (!practiceBuild.ok) fail("练习", `练习目录构建失败（脚手架必须能在 parent 上编译）：\n${firstLines(practiceBuild.output, 12)}`);
   else {
     const outcomes = await runTests(practice, compiledTests(practice), { timeout: 30_000 });
     const focusedFile = compiledTest(c.focusedTest);
     const focused = outcomes.filter((o) => o.file === focusedFile);
     const others = outcomes.filter((o) => o.file !== focusedFile);
-    for (const o of others.filter((x) => !x.passed)) fail("练习", `前序章节的测试在练习目录里失败：${o.file} · ${o.name}：${firstLine(o.error)}`);
+    for (const o of others.filter((x) => !x.passed)) fail("练习", `前序章节的测试在练习目录里失败：${o.file} · ${o.name}：${firstLines(o.error)}`);
     if (c.mode === "观察") {
       for (const o of focused.filter((x) => !x.passed)) fail("练习", `观察模式的练习目录应当全绿：${o.name}`);
       notes.push(`练习 ${focused.filter((o) => o.passed).length}/${focused.length}（观察）`);
@@ -138,38 +155,28 @@ export async function verifyCheckpoint(c: Checkpoint, info: HistoryInfo, work: s
       if (focused.length !== expected) fail("练习", `练习目录里聚焦测试运行了 ${focused.length} 项，应为 ${expected} 项`);
       for (const o of focused) {
         if (o.passed) fail("练习", `${o.name} 在脚手架上就通过了（每项测试都应先红）`);
-        else if (!ownStarter.test(o.error)) fail("练习", `${o.name} 没有因本章的脚手架消息失败，而是：${firstLine(o.error)}`);
+        else if (!ownStarter.test(o.error)) fail("练习", `${o.name} 没有因本章的脚手架消息失败，而是：${firstLines(o.error)}`);
       }
       const first = focused.find((o) => o.name === c.labs[0]!.tests[0]);
       if (first && !first.passed && !first.error.includes(c.firstRed))
-        fail("练习", `第一个 lab 的第一项测试应以 "${c.firstRed}" 失败，实际：${firstLine(first.error)}`);
+        fail("练习", `第一个 lab 的第一项测试应以 "${c.firstRed}" 失败，实际：${firstLines(first.error)}`);
       notes.push(`练习 ${focused.filter((o) => o.passed).length}/${expected} 红（脚手架）`);
     }
   }
 
-  // (c) faults, on the target tree
+  // (c) faults, on the target tree: each turns exactly its named test red; restoring turns them green again
   if (targetBuild.ok && targetGreen) {
     let caught = 0;
     for (const fault of c.faults) {
-      const file = inTree(target, fault.file);
-      const plan = planMutation(fault, await fs.readFile(file, "utf8"));
+      const plan = planMutation(fault, await fs.readFile(inTree(target, fault.file), "utf8"));
       if (!plan.ok) { fail("故障", `${fault.id}：${plan.reason}（${fault.file}）`); continue; }
-      let red: TestOutcome[] = [];
-      let built = true;
-      await withMutation(file, plan.mutated, async () => {
-        const build = await buildPackage(target);
-        if (!build.ok) { built = false; return; }
-        red = (await runTests(target, [compiledTest(c.focusedTest)])).filter((o) => !o.passed);
-      });
-      if (!built) { fail("故障", `${fault.id}：注入故障后无法构建（故障练习应当能编译）`); continue; }
-      const names = red.map((o) => o.name);
-      if (names.length !== 1 || names[0] !== fault.test)
-        fail("故障", `${fault.id}：应只有 "${fault.test}" 变红，实际变红的是：${names.length === 0 ? "（没有）" : names.join("；")}`);
-      else caught += 1;
+      const run = await injectFault(target, c, fault, plan.mutated);
+      if (!run.built) { fail("故障", `${fault.id}：注入故障后无法构建（故障练习应当能编译）`); continue; }
+      if (caughtExactly(fault, run)) { caught += 1; continue; }
+      const red = run.outcomes.filter((o) => !o.passed).map((o) => o.name);
+      fail("故障", `${fault.id}：应只有 "${fault.test}" 变红，实际变红的是：${red.length === 0 ? "（没有）" : red.join("；")}`);
     }
-    const rebuilt = await buildPackage(target);
-    const again = rebuilt.ok ? await runTests(target, [compiledTest(c.focusedTest)]) : [];
-    if (!rebuilt.ok || again.some((o) => !o.passed)) fail("故障", "恢复故障后聚焦测试没有回到全绿");
+    if (!(await greenAgain(target, c, c.labs.flatMap((lab) => lab.tests)))) fail("故障", "恢复故障后聚焦测试没有回到全绿");
     notes.push(`故障 ${caught}/${c.faults.length}`);
   } else if (c.faults.length > 0) {
     notes.push("故障 未检查（target 不是全绿）");
