@@ -23,7 +23,7 @@ function chapterSpec(id: string): ChapterSpec {
 async function once(id: string, lab: string | undefined, watching = false): Promise<boolean> {
   const spec = chapterSpec(id);
   const report = await runLab(ROOT, spec, lab);
-  console.log(`（构建 ${(report.buildMs / 1000).toFixed(1)} s · 测试 ${(report.testMs / 1000).toFixed(1)} s · ${report.file}）`);
+  console.log(`（构建 ${(report.buildMs / 1000).toFixed(2)} s · 测试 ${(report.testMs / 1000).toFixed(2)} s · ${report.file}）`);
   console.log(formatLabReport(report, lab === undefined));
   if (report.ok) console.log(lab ? `Lab ${lab} 全部通过。下一步：继续下一个 lab，或运行整章 npm run lab -w @pi/course -- ${Number(id)}` : `第 ${id} 章全部通过。`);
   else console.log(watching ? "先看第一条失败：它说明了缺什么；改完保存即可。" : "先看第一条失败：它说明了缺什么；改完保存后重新运行同一条命令（或加 --watch 让它自动重跑）。");

@@ -4,7 +4,7 @@ import fs from "node:fs"; // not fs-extra: the lab loop loads these modules on e
 import { CourseError } from "./cli.js";
 import { type Lab, labPattern } from "./manifest.js";
 import { PACKAGE_DIR, inTree } from "./paths.js";
-import { type TestOutcome, buildPackage, compiledTest, firstLines, labOf, runTests } from "./tests.js";
+import { type TestOutcome, type TestProcess, buildPackage, compiledTest, firstLines, labOf, prepareTests } from "./tests.js";
 
 export interface ChapterSpec { id: string; focusedTest?: string; labs?: Lab[] }
 
@@ -25,17 +25,29 @@ export function focusedCompiled(root: string, spec: ChapterSpec): string {
  * Zero matched tests is an error, never a green run.
  */
 export async function runLab(root: string, spec: ChapterSpec, lab?: string): Promise<LabReport> {
-  const build = await buildPackage(root);
-  if (!build.ok) {
-    throw new CourseError(`构建失败（tsc）：先修好下面的类型错误，再重新运行。\n${firstLines(build.output, 30)}`);
-  }
-  const file = focusedCompiled(root, spec);
-  if (!fs.existsSync(inTree(root, file))) throw new CourseError(`构建后仍找不到 ${file}。`);
   const known = spec.labs?.map((l) => l.id);
   if (lab && known && !known.includes(lab))
     throw new CourseError(`第 ${spec.id} 章没有 Lab ${lab}；本章的 lab：${known.join("、")}`, 2);
+  const options = lab ? { patterns: [labPattern(lab)] } : {};
+  // When the focused file is known up front, its test process starts now and boots while tsc builds.
+  const early = spec.focusedTest ? prepareTests(root, compiledTest(spec.focusedTest), options) : undefined;
+  let tests: TestProcess | undefined;
+  let file: string;
+  let buildMs: number;
+  try {
+    const build = await buildPackage(root);
+    buildMs = build.ms;
+    if (!build.ok) {
+      throw new CourseError(`构建失败（tsc）：先修好下面的类型错误，再重新运行。\n${firstLines(build.output, 30)}`);
+    }
+    file = focusedCompiled(root, spec);
+    if (!fs.existsSync(inTree(root, file))) throw new CourseError(`构建后仍找不到 ${file}。`);
+    tests = early ?? prepareTests(root, file, options);
+  } finally {
+    if (!tests) early?.cancel();
+  }
   const started = Date.now();
-  const outcomes = await runTests(root, [file], lab ? { patterns: [labPattern(lab)] } : {});
+  const outcomes = await tests.go();
   const testMs = Date.now() - started;
   const crashed = outcomes.filter((o) => labOf(o.name) === undefined && !o.passed);
   if (crashed.length > 0)
@@ -48,7 +60,7 @@ export async function runLab(root: string, spec: ChapterSpec, lab?: string): Pro
   });
   const total = verdicts.reduce((sum, v) => sum + v.ran, 0);
   const ok = total > 0 && verdicts.every((v) => v.ran > 0 && v.passed === v.ran && (v.expected === undefined || v.ran === v.expected));
-  return { file, verdicts, buildMs: build.ms, testMs, ok };
+  return { file, verdicts, buildMs, testMs, ok };
 }
 
 export function compareLab(a: string, b: string): number {

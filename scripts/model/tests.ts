@@ -1,11 +1,13 @@
 // Building the package and running node's test runner on it, with results as data.
 import { execFile } from "node:child_process";
 import { promisify } from "node:util";
+import os from "node:os";
 import path from "node:path";
-import { fileURLToPath } from "node:url";
-import { run } from "node:test";
 import fs from "node:fs"; // not fs-extra: the lab loop loads these modules on every run
 import { PACKAGE_DIR, inTree } from "./paths.js";
+import { type TestOutcome, type TestProcess, type TestProcessOptions, startTestProcess } from "./test-process.js";
+
+export type { TestOutcome, TestProcess, TestProcessOptions };
 
 const exec = promisify(execFile);
 
@@ -42,14 +44,6 @@ function findTsc(root: string): { command: string; args: string[] } {
   throw new Error("找不到 TypeScript 编译器：先在仓库根目录运行 npm install。");
 }
 
-export interface TestOutcome {
-  name: string;
-  file: string;
-  passed: boolean;
-  /** Failure text: the original error's message (and the assertion's view of it), never empty for a failure. */
-  error: string;
-}
-
 /** Compiled path of a test source: packages/pi-course/test/x.test.ts → packages/pi-course/dist/test/x.test.js. */
 export function compiledTest(repoPath: string): string {
   return repoPath.replace(`${PACKAGE_DIR}/test/`, `${PACKAGE_DIR}/dist/test/`).replace(/\.ts$/, ".js");
@@ -63,77 +57,28 @@ export function compiledTests(root: string): string[] {
     .map((name) => `${PACKAGE_DIR}/dist/test/${name}`);
 }
 
-function errorText(error: unknown): string {
-  const parts: string[] = [];
-  let current: unknown = error;
-  for (let depth = 0; current && depth < 4; depth += 1) {
-    const e = current as { message?: unknown; code?: unknown; failureType?: unknown; cause?: unknown };
-    if (typeof e.message === "string" && e.message !== "" && !(e.code === "ERR_TEST_FAILURE" && e.cause)) parts.push(e.message);
-    if (e.failureType === "testTimeoutFailure") parts.push("测试超时");
-    current = e.cause;
-  }
-  return parts.join("\n") || String(error);
+/** Starts the test process for one repository-relative compiled test file of `root`; see test-process.ts. */
+export function prepareTests(root: string, file: string, options: TestProcessOptions = {}): TestProcess {
+  return startTestProcess(root, inTree(root, file), file, options);
 }
 
 /**
- * Runs test files with node's test runner and returns one outcome per top-level test that actually ran
- * (tests filtered out by `patterns` are not returned). `timeout` guards against hangs only.
+ * Runs compiled test files (repository-relative) and returns one outcome per top-level test that actually ran
+ * (tests filtered out by `patterns` are not returned), in the order of `files`. Files run in parallel on all
+ * but one core, as node's own runner does.
  */
-export async function runTests(root: string, files: string[], options: RunOptions = {}): Promise<TestOutcome[]> {
-  // Inside a test file node refuses a nested run() ("called recursively"), so hand the run to a fresh process.
-  if (process.env.NODE_TEST_CONTEXT) return runTestsInWorker(root, files, options);
-  const absolute = files.map((file) => inTree(root, file));
-  const outcomes: TestOutcome[] = [];
-  // node's runner hands our own node flags (tsx's loader) to every test process it spawns, and it spawns them
-  // while the stream is being read; compiled tests are plain JS, so clear the flags until the run is over.
-  const execArgv = process.execArgv;
-  process.execArgv = [];
-  try {
-    const stream = run({
-      files: absolute,
-      concurrency: true,
-      timeout: options.timeout ?? 60_000,
-      ...(options.patterns ? { testNamePatterns: options.patterns } : {}),
-    });
-    for await (const event of stream) {
-      if (event.type !== "test:pass" && event.type !== "test:fail") continue;
-      const data = event.data as { name: string; nesting: number; file?: string; skip?: unknown; todo?: unknown; details: { error?: unknown } };
-      // Tests filtered out by a name pattern arrive as passes marked `skip`; they did not run.
-      if (data.nesting !== 0 || data.skip !== undefined || data.todo !== undefined) continue;
-      const error = data.details.error as { failureType?: string } | undefined;
-      if (error?.failureType === "subtestsFailed") continue;
-      // A whole file shows up as a test of its own: keep it only when the file itself failed (e.g. it crashed on load).
-      if ((data.file && data.name === data.file) || absolute.includes(data.name)) {
-        if (event.type === "test:pass") continue;
-      }
-      outcomes.push({
-        name: data.name,
-        file: data.file ? path.relative(root, data.file).split(path.sep).join("/") : "",
-        passed: event.type === "test:pass",
-        error: event.type === "test:fail" ? errorText(data.details.error) : "",
-      });
+export async function runTests(root: string, files: string[], options: TestProcessOptions = {}): Promise<TestOutcome[]> {
+  const results: TestOutcome[][] = new Array(files.length);
+  let next = 0;
+  const lane = async (): Promise<void> => {
+    while (next < files.length) {
+      const index = next++;
+      results[index] = await prepareTests(root, files[index]!, options).go();
     }
-  } finally {
-    process.execArgv = execArgv;
-  }
-  return outcomes;
-}
-
-export interface RunOptions { patterns?: RegExp[]; timeout?: number }
-export interface WorkerRequest { root: string; files: string[]; patterns?: string[]; timeout?: number }
-
-async function runTestsInWorker(root: string, files: string[], options: RunOptions): Promise<TestOutcome[]> {
-  const request: WorkerRequest = {
-    root, files, ...(options.patterns ? { patterns: options.patterns.map((p) => p.source) } : {}),
-    ...(options.timeout ? { timeout: options.timeout } : {}),
   };
-  const env = { ...process.env };
-  delete env.NODE_TEST_CONTEXT;
-  const worker = fileURLToPath(new URL("./test-worker.ts", import.meta.url));
-  const { stdout } = await exec(process.execPath, ["--import", import.meta.resolve("tsx"), worker, JSON.stringify(request)], {
-    env, cwd: root, maxBuffer: 64 * 1024 * 1024,
-  });
-  return JSON.parse(stdout.slice(stdout.indexOf("\u0000") + 1)) as TestOutcome[];
+  const lanes = Math.max(1, Math.min(files.length, os.availableParallelism() - 1));
+  await Promise.all(Array.from({ length: lanes }, lane));
+  return results.flat();
 }
 
 /** "Lab 13.1 · …" → "13.1"; titles that do not follow the course form give undefined. */

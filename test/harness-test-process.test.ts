@@ -1,0 +1,77 @@
+// The test process the lab loop and verify run every compiled test file in: outcomes as data, and the ways a test
+// file can go wrong (crash on load, exit in the middle, hang, noisy output) each become a failure that says so.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import path from "node:path";
+import fs from "fs-extra";
+import { makeTempDir } from "../scripts/model/trees.js";
+import { runTests } from "../scripts/model/tests.js";
+import { startTestProcess } from "../scripts/model/test-process.js";
+
+async function withFiles(files: Record<string, string>, body: (dir: string) => Promise<void>): Promise<void> {
+  const dir = await makeTempDir("test-process");
+  try {
+    for (const [name, text] of Object.entries(files)) await fs.outputFile(path.join(dir, name), text);
+    await body(dir);
+  } finally {
+    await fs.remove(dir);
+  }
+}
+
+const NOISY = `
+import { test } from "node:test";
+import assert from "node:assert/strict";
+test("Lab 1.1 · 通过", () => { process.stdout.write("没有换行的输出"); });
+test("Lab 1.1 · 失败", () => { assert.equal(1, 2, "一不等于二"); });
+test("Lab 1.10 · 不该被 1.1 选中", () => {});
+test("Lab 1.2 · 带原因的错误", () => { throw new Error("外层", { cause: new Error("里层") }); });
+`;
+
+test("测试进程：逐个返回顶层测试的结果；测试自己的输出不会混进结果；按名字过滤时被滤掉的不算", async () => {
+  await withFiles({ "a.test.mjs": NOISY }, async (dir) => {
+    const all = await runTests(dir, ["a.test.mjs"]);
+    assert.deepEqual(all.map((o) => [o.name, o.passed]), [
+      ["Lab 1.1 · 通过", true], ["Lab 1.1 · 失败", false], ["Lab 1.10 · 不该被 1.1 选中", true], ["Lab 1.2 · 带原因的错误", false],
+    ]);
+    assert.match(all[1]!.error, /一不等于二/);
+    assert.match(all[3]!.error, /外层/);
+    assert.ok(all.every((o) => o.file === "a.test.mjs"));
+
+    const one = await runTests(dir, ["a.test.mjs"], { patterns: [/^Lab 1\.1 · /] });
+    assert.deepEqual(one.map((o) => o.name), ["Lab 1.1 · 通过", "Lab 1.1 · 失败"]);
+  });
+});
+
+test("测试进程：先启动、后开跑；取消时不运行任何测试", async () => {
+  await withFiles({ "a.test.mjs": NOISY, "marker.test.mjs": `import fs from "node:fs"; fs.writeFileSync("ran", "x");` }, async (dir) => {
+    const waiting = startTestProcess(dir, path.join(dir, "a.test.mjs"), "a.test.mjs");
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    assert.equal((await waiting.go()).length, 4);
+
+    const cancelled = startTestProcess(dir, path.join(dir, "marker.test.mjs"), "marker.test.mjs");
+    cancelled.cancel();
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    assert.equal(fs.existsSync(path.join(dir, "ran")), false);
+  });
+});
+
+test("测试进程：加载失败、中途退出、卡住，各自变成一条写明原因的失败", async () => {
+  await withFiles({
+    "load.test.mjs": `import "./missing.mjs";`,
+    "exit.test.mjs": `import { test } from "node:test";\ntest("Lab 1.1 · 退出", () => { process.exit(3); });`,
+    "hang.test.mjs": `import { test } from "node:test";\ntest("Lab 1.1 · 卡住", () => new Promise(() => { setInterval(() => {}, 1000); }));`,
+  }, async (dir) => {
+    const [load] = await runTests(dir, ["load.test.mjs"]);
+    assert.equal(load!.passed, false);
+    assert.equal(load!.name, "load.test.mjs");
+    assert.match(load!.error, /missing\.mjs/);
+
+    const [exit] = await runTests(dir, ["exit.test.mjs"]);
+    assert.equal(exit!.passed, false);
+    assert.match(exit!.error, /测试进程提前结束（退出码 3）/);
+
+    const [hang] = await runTests(dir, ["hang.test.mjs"], { timeout: 1_500 });
+    assert.equal(hang!.passed, false);
+    assert.match(hang!.error, /测试超时/);
+  });
+});
