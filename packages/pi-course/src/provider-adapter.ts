@@ -6,6 +6,7 @@
 //   适配器               ProviderChunk 流 → ModelEvent 流与一条最终 AssistantMessage；
 //   传输                 fetch + SSE 分帧 + 逐块校验 → ProviderChunk 流。
 // 适配器只认识 ProviderTransport 接口，所以测试可以用 fixedTransport 离线驱动它。
+import type { ReadableStreamReadResult } from "node:stream/web";
 import { AssistantMessageEventStream } from "./event-stream.js";
 import {
   assistantMessage,
