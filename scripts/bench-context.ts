@@ -1,6 +1,6 @@
 // 基准（不是测试）：buildContext 的耗时随 active path 长度线性增长。
 //
-// 运行：npx tsx scripts/bench-context.ts
+// 运行：npm run bench:context（scripts/launch.js 总是用 tsx 直接运行它，量到的是教学代码的当前版本）
 //
 // 构造一条 100 000 条 entry 的单链路径，分别取前 12 500 / 25 000 / 50 000 / 100 000 条，
 // 在“全部装得下”和“只剩一个小窗口”两种预算下各跑若干次，打印最快一次的耗时与相邻两档的比值

@@ -3,10 +3,9 @@
 // Built in a temporary sibling and renamed into place at the end: an interrupted run leaves nothing behind.
 import path from "node:path";
 import fs from "fs-extra";
-import { simpleGit } from "simple-git";
 import { CourseError, main, rejectUnknownOptions } from "./model/cli.js";
 import { chapterNumber, findCheckpoint, focusedGlob, loadCheckpoints } from "./model/manifest.js";
-import { ensureHistory } from "./model/history.js";
+import { ensureHistory, quietGit } from "./model/history.js";
 import { ROOT, isInside, resolveFromCaller } from "./model/paths.js";
 import { writePracticeTree } from "./model/practice-tree.js";
 import { sweepStaleSiblings } from "./model/trees.js";
@@ -43,12 +42,11 @@ await main(async (args) => {
     await writePracticeTree(c, info, temp, dest);
     const delay = Number(process.env.PI_COURSE_PRACTICE_DELAY_MS ?? 0);
     if (delay > 0) await new Promise((resolve) => setTimeout(resolve, delay)); // lets tests interrupt a run midway
-    const g = simpleGit({ baseDir: temp, config: ["core.autocrlf=false", "commit.gpgsign=false"] });
-    await g.init(["-q", "-b", "main"]);
-    await g.raw(["add", "-A"]);
-    await g.raw([
-      "-c", "user.name=pi-course", "-c", "user.email=practice@pi-course.invalid",
-      "commit", "-q", "-m", `practice(${c.id}): ${c.title}`, "-m",
+    await quietGit(temp, ["init", "-q", "-b", "main"]);
+    await quietGit(temp, ["add", "-A"]);
+    await quietGit(temp, [
+      "-c", "user.name=pi-course", "-c", "user.email=practice@pi-course.invalid", "-c", "commit.gpgsign=false",
+      "-c", "maintenance.auto=false", "commit", "-q", "-m", `practice(${c.id}): ${c.title}`, "-m",
       `从第 ${c.id} 章的 parent ${ids.parent} 开始练习（${c.mode}）；target 是 ${ids.target}，这里没有它的内容。`,
     ]);
     if (fs.existsSync(dest)) await fs.remove(dest); // only an empty directory can reach this point

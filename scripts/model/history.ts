@@ -49,6 +49,27 @@ export function git(dir: string): SimpleGit {
   return simpleGit({ baseDir: dir, config: GIT_CONFIG, trimmed: false, maxConcurrentProcesses: 4 });
 }
 
+/** The environment for git: without GIT_* variables, so that a hook's GIT_DIR or GIT_INDEX_FILE cannot redirect us. */
+function gitEnv(): NodeJS.ProcessEnv {
+  const env = { ...process.env };
+  for (const key of Object.keys(env)) if (key.startsWith("GIT_")) delete env[key];
+  return env;
+}
+
+/**
+ * Runs a git command whose output we do not need (init, add, update-ref, …) with the same config as `git(dir)`.
+ * simple-git waits an extra 50 ms after every command that printed nothing, and most of these print nothing:
+ * a history build makes about fifty of them. A failure throws git's own message.
+ */
+export async function quietGit(dir: string, args: string[]): Promise<void> {
+  try {
+    await run("git", [...GIT_CONFIG.flatMap((entry) => ["-c", entry]), ...args], { cwd: dir, env: gitEnv(), maxBuffer: 16 * 1024 * 1024 });
+  } catch (error) {
+    const e = error as { stderr?: string; message: string };
+    throw new Error(e.stderr?.trim() || e.message);
+  }
+}
+
 /** Repository-relative paths of the final tree (the newest target), sorted. */
 export function finalTreeFiles(root = ROOT): string[] {
   const files: string[] = ROOT_FILES.filter((file) => fs.existsSync(inTree(root, file)));
@@ -119,7 +140,7 @@ async function writeObject(g: SimpleGit, scratch: string, type: "commit" | "tag"
 async function buildInto(root: string, checkpoints: Checkpoint[], dir: string): Promise<HistoryInfo> {
   await fs.ensureDir(dir);
   const g = git(dir);
-  await g.raw(["init", "-q", "-b", BRANCH]);
+  await quietGit(dir, ["init", "-q", "-b", BRANCH]);
   // Same settings as GIT_CONFIG, kept in the repository so an author's own git commands in .history behave alike.
   const sections = new Map<string, string[]>();
   for (const entry of GIT_CONFIG) {
@@ -131,7 +152,7 @@ async function buildInto(root: string, checkpoints: Checkpoint[], dir: string): 
     [...sections].map(([section, lines]) => `[${section}]\n${lines.join("\n")}\n`).join(""));
   // The newest target: the final tree as it is in this checkout.
   for (const file of finalTreeFiles(root)) await fs.copy(inTree(root, file), inTree(dir, file));
-  await g.raw(["add", "-A", "-f", "--", "."]);
+  await quietGit(dir, ["add", "-A", "-f", "--", "."]);
   // Walk back from the newest target; the tree left after undoing chapter NN is NN's parent = (NN-1)'s target.
   const targets = new Map<string, string>();
   let tree = (await g.raw(["write-tree"])).trim();
@@ -142,7 +163,7 @@ async function buildInto(root: string, checkpoints: Checkpoint[], dir: string): 
       const patchFile = path.join(dir, ".git", `reverse-${c.id}.patch`);
       await fs.writeFile(patchFile, step.diff);
       try {
-        await g.raw(["apply", "--index", "--whitespace=nowarn", "--", patchFile]);
+        await quietGit(dir, ["apply", "--index", "--whitespace=nowarn", "--", patchFile]);
       } catch (error) {
         throw new CourseError(
           `checkpoint ${c.id} 的 ${c.reversePatch} 无法从它的 target 退回 parent：${String((error as Error).message).trim()}\n` +
@@ -153,14 +174,14 @@ async function buildInto(root: string, checkpoints: Checkpoint[], dir: string): 
     const missing = step.drops.filter((file) => !fs.existsSync(inTree(dir, file)));
     if (missing.length > 0)
       throw new CourseError(`checkpoint ${c.id} 的 ${c.reversePatch} 要删除不存在的文件：${missing.join(", ")}`);
-    if (step.drops.length > 0) await g.raw(["rm", "-q", "-f", "--", ...step.drops]);
+    if (step.drops.length > 0) await quietGit(dir, ["rm", "-q", "-f", "--", ...step.drops]);
     tree = (await g.raw(["write-tree"])).trim();
   }
   const scratch = path.join(dir, ".git", "pi-course-objects");
   await fs.ensureDir(scratch);
   const baseCommit = await writeObject(g, scratch, "commit",
     `tree ${tree}\nauthor ${signature(BASE_EPOCH)}\ncommitter ${signature(BASE_EPOCH)}\n\n${BASE_SUBJECT}\n`);
-  await tag(g, scratch, BASE_TAG, baseCommit, BASE_EPOCH, "课程起点");
+  await tag(g, dir, scratch, BASE_TAG, baseCommit, BASE_EPOCH, "课程起点");
   const chapters = new Map<string, ChapterCommits>();
   let parent = baseCommit;
   for (const [index, c] of checkpoints.entries()) {
@@ -168,20 +189,20 @@ async function buildInto(root: string, checkpoints: Checkpoint[], dir: string): 
     const body = `${c.subject}\n\n第 ${c.id} 章 · ${c.title}\n`;
     const commit = await writeObject(g, scratch, "commit",
       `tree ${targets.get(c.id)}\nparent ${parent}\nauthor ${signature(epoch)}\ncommitter ${signature(epoch)}\n\n${body}`);
-    await tag(g, scratch, `course/${c.id}`, commit, epoch, `checkpoint ${c.id} · ${c.title}`);
+    await tag(g, dir, scratch, `course/${c.id}`, commit, epoch, `checkpoint ${c.id} · ${c.title}`);
     chapters.set(c.id, { parent, target: commit });
     parent = commit;
   }
-  await g.raw(["update-ref", `refs/heads/${BRANCH}`, parent]);
-  await g.raw(["reset", "-q", "--hard", BRANCH]);
+  await quietGit(dir, ["update-ref", `refs/heads/${BRANCH}`, parent]);
+  await quietGit(dir, ["reset", "-q", "--hard", BRANCH]);
   await fs.remove(scratch);
   return { dir, base: baseCommit, chapters };
 }
 
-async function tag(g: SimpleGit, scratch: string, name: string, commit: string, epoch: number, message: string): Promise<void> {
+async function tag(g: SimpleGit, dir: string, scratch: string, name: string, commit: string, epoch: number, message: string): Promise<void> {
   const id = await writeObject(g, scratch, "tag",
     `object ${commit}\ntype commit\ntag ${name}\ntagger ${signature(epoch)}\n\n${message}\n`);
-  await g.raw(["update-ref", `refs/tags/${name}`, id]);
+  await quietGit(dir, ["update-ref", `refs/tags/${name}`, id]);
 }
 
 /** Reads commit ids back from the tags of an existing history repository (one git call). */
@@ -241,7 +262,7 @@ export async function materialize(dir: string, commit: string, dest: string): Pr
   await fs.ensureDir(dest);
   const tar = path.join(os.tmpdir(), `pi-course-${process.pid}-${commit.slice(0, 12)}-${Date.now()}.tar`);
   try {
-    await git(dir).raw(["archive", "--format=tar", "-o", tar, commit]);
+    await quietGit(dir, ["archive", "--format=tar", "-o", tar, commit]);
     await run("tar", ["-xf", tar, "-C", dest]);
   } finally {
     await fs.remove(tar);

@@ -1,10 +1,15 @@
-// Where things live. Every command finds the repository from its own file location,
+// Where things live. Every command finds the repository from its own file location (or from scripts/launch.js),
 // never from the shell's working directory; the caller's folder comes from INIT_CWD.
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import fs from "node:fs"; // not fs-extra: the lab loop loads these modules on every run
 
-export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..", "..");
+/**
+ * The checkout. scripts/launch.js runs a compiled copy of the harness from node_modules/.cache and says where the
+ * checkout is; run from source (tsx), the harness finds it two folders above this file.
+ */
+const launchedFrom = (globalThis as Record<symbol, unknown>)[Symbol.for("pi-course.root")];
+export const ROOT = typeof launchedFrom === "string" ? launchedFrom : path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..", "..");
 export const PACKAGE_DIR = "packages/pi-course";
 export const CHECKPOINTS_DIR = path.join(ROOT, "checkpoints");
 /** Written by `practice` at the root of a practice folder; its presence means "we are in a practice folder". */

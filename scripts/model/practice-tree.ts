@@ -48,7 +48,7 @@ export async function writePracticeTree(c: Checkpoint, info: HistoryInfo, dest: 
   const rootPackage = JSON.parse(await fs.readFile(inTree(ROOT, "package.json"), "utf8")) as Record<string, unknown>;
   rootPackage.scripts = {
     build: "npm run build -w @pi/course",
-    lab: "node --import tsx scripts/lab.ts",
+    lab: "node scripts/launch.js lab",
     test: "npm run build && node --test packages/pi-course/dist/test/*.test.js",
   };
   await fs.writeFile(inTree(dest, "package.json"), `${JSON.stringify(rootPackage, null, 2)}\n`);
