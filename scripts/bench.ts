@@ -1,6 +1,7 @@
 // npm run bench [-- --chapter NN] [--runs N] [--practice-runs N] [--verify]
 // Measures what a learner waits for, as wall time of the whole command: the lab loop (edit a teaching file → run
 // `lab N.1` → verdict), creating a practice folder (without npm install), and optionally `npm run verify`.
+// Each is timed through npm as the learner types it and as `node scripts/launch.js …` (npm's own start-up apart).
 // Prints the medians against the targets and a breakdown of where the lab loop's time goes. Not a test.
 import { spawn } from "node:child_process";
 import os from "node:os";
@@ -11,6 +12,7 @@ import { CourseError, main, rejectUnknownOptions, takeFlag, takeOption } from ".
 import { chapterNumber, findCheckpoint, loadCheckpoints } from "./model/manifest.js";
 import { ensureHistory } from "./model/history.js";
 import { PACKAGE_DIR, ROOT, inTree } from "./model/paths.js";
+import { compiledTest } from "./model/tests.js";
 import { linkNodeModules, makeTempDir } from "./model/trees.js";
 
 const USAGE = "用法：npm run bench [-- --chapter NN] [--runs N] [--practice-runs N] [--verify]";
@@ -67,7 +69,7 @@ function table(rows: string[][]): string {
 
 await main(async (args) => {
   const withVerify = takeFlag(args, "--verify");
-  const chapterArg = takeOption(args, "--chapter") ?? "01";
+  const chapterArg = takeOption(args, "--chapter") ?? "13";
   const runs = positive(takeOption(args, "--runs"), "--runs", 5, 5);
   const practiceRuns = positive(takeOption(args, "--practice-runs"), "--practice-runs", 3, 3);
   rejectUnknownOptions(args);
@@ -79,6 +81,7 @@ await main(async (args) => {
   const lab = `${n}.1`;
   const npm = process.platform === "win32" ? "npm.cmd" : "npm";
   const node = process.execPath;
+  const launcher = path.join(ROOT, "scripts", "launch.js");
 
   console.log(`pi-course 基准：第 ${c.id} 章 · ${c.title}`);
   console.log(`机器：${os.cpus().length} 核 · node ${process.version} · 负载 ${os.loadavg().map((l) => l.toFixed(1)).join(" / ")}`);
@@ -86,7 +89,7 @@ await main(async (args) => {
   const work = await makeTempDir("bench");
   try {
     // ① Creating a practice folder, without npm install; npm and the direct command alternate so drift hits both.
-    console.log(`\n① 创建练习目录 × ${practiceRuns}（npm run practice 与 node --import tsx 交替）…`);
+    console.log(`\n① 创建练习目录 × ${practiceRuns}（npm run practice 与 node scripts/launch.js 交替）…`);
     const practiceNpm: number[] = [];
     const practiceDirect: number[] = [];
     for (let i = 0; i < practiceRuns; i += 1) {
@@ -94,7 +97,7 @@ await main(async (args) => {
         const dest = path.join(work, `practice-${via}-${i}`);
         const result = via === "npm"
           ? await timed(npm, ["run", "practice", "-w", "@pi/course", "--", c.id, dest], ROOT)
-          : await timed(node, ["--import", "tsx", path.join(ROOT, "scripts", "practice.ts"), c.id, dest], inTree(ROOT, PACKAGE_DIR), { INIT_CWD: ROOT });
+          : await timed(node, [launcher, "practice", c.id, dest], inTree(ROOT, PACKAGE_DIR), { INIT_CWD: ROOT });
         if (result.code !== 0 || !fs.existsSync(path.join(dest, "pi-practice.json")))
           throw new CourseError(`创建练习目录失败（${via}）：\n${result.stdout}${result.stderr}`);
         (via === "npm" ? practiceNpm : practiceDirect).push(result.seconds);
@@ -104,14 +107,15 @@ await main(async (args) => {
 
     // ② The lab loop in one practice folder: append a comment to a teaching file, run lab N.1, read the verdict.
     const folder = path.join(work, "loop");
-    const created = await timed(node, ["--import", "tsx", path.join(ROOT, "scripts", "practice.ts"), c.id, folder], inTree(ROOT, PACKAGE_DIR), { INIT_CWD: ROOT });
+    const created = await timed(node, [launcher, "practice", c.id, folder], inTree(ROOT, PACKAGE_DIR), { INIT_CWD: ROOT });
     if (created.code !== 0) throw new CourseError(`创建练习目录失败：\n${created.stdout}${created.stderr}`);
     await linkNodeModules(folder);
     const teaching = inTree(folder, c.teachingFiles[0]!);
     const verdict = new RegExp(`^Lab ${n}\\.1: \\d+/\\d+$`, "m");
     const commands = {
-      npm: [npm, ["run", "lab", "-w", "@pi/course", "--", lab], folder],
-      node: [node, ["--import", "tsx", "scripts/lab.ts", lab], folder],
+      npm: [npm, ["run", "lab", "--", lab], folder],
+      npmWorkspace: [npm, ["run", "lab", "-w", "@pi/course", "--", lab], folder],
+      node: [node, ["scripts/launch.js", "lab", lab], folder],
     } as const;
     const loop = async (via: keyof typeof commands, round: number): Promise<Timed> => {
       await fs.appendFile(teaching, `\n// bench ${via} ${round}\n`);
@@ -120,16 +124,15 @@ await main(async (args) => {
       if (!verdict.test(result.stdout)) throw new CourseError(`lab ${lab} 没有给出结论（${via}）：\n${result.stdout}${result.stderr}`);
       return result;
     };
-    console.log(`② lab 循环 × ${runs}（改一行注释 → lab ${lab} → 结论；先热身一次：首次完整构建与 tsx 缓存）…`);
+    console.log(`② lab 循环 × ${runs}（改一行注释 → lab ${lab} → 结论；先热身一次：首次完整构建与编译 harness 副本）…`);
     await loop("node", 0);
-    const labNpm: number[] = [];
-    const labDirect: number[] = [];
+    const labTimes: Record<keyof typeof commands, number[]> = { npm: [], npmWorkspace: [], node: [] };
     const buildMs: number[] = [];
     const testMs: number[] = [];
     for (let i = 1; i <= runs; i += 1) {
-      for (const via of ["npm", "node"] as const) {
+      for (const via of ["npm", "npmWorkspace", "node"] as const) {
         const result = await loop(via, i);
-        (via === "npm" ? labNpm : labDirect).push(result.seconds);
+        labTimes[via].push(result.seconds);
         const phases = /（构建 ([\d.]+) s · 测试 ([\d.]+) s/.exec(result.stdout);
         if (phases) { buildMs.push(Number(phases[1])); testMs.push(Number(phases[2])); }
       }
@@ -137,25 +140,19 @@ await main(async (args) => {
 
     // ③ Where the time goes: the same pieces measured on their own.
     console.log(`③ 分解耗时 × ${runs}…`);
-    const probes: Record<string, number[]> = {
-      node: [], tsx: [], tsxCli: [], harness: [], tscNoop: [], tscNative: [], npmNoop: [], testPlain: [], testTsx: [],
-    };
-    const tscBin = path.join(folder, "node_modules", "typescript", "bin", "tsc");
-    // typescript 7 ships its compiler as a native binary; bin/tsc is a node script that starts it.
+    const probes: Record<string, number[]> = { node: [], harness: [], harnessTsx: [], npmNoop: [], tscNoop: [], testPlain: [] };
+    // typescript 7 ships its compiler as a native binary; the harness calls it directly.
     const nativeTsc = path.join(folder, "node_modules", "@typescript", `typescript-${process.platform}-${process.arch}`, "lib", "tsc");
-    const focused = inTree(folder, c.focusedTest.replace(`${PACKAGE_DIR}/test/`, `${PACKAGE_DIR}/dist/test/`).replace(/\.ts$/, ".js"));
+    const focused = inTree(folder, compiledTest(c.focusedTest));
     const testArgs = ["--test", `--test-name-pattern=^Lab ${n}\\.1 · `, focused];
     for (let i = 0; i < runs; i += 1) {
       probes.node!.push((await timed(node, ["-e", "0"], folder)).seconds);
-      probes.tsx!.push((await timed(node, ["--import", "tsx", "-e", "0"], folder)).seconds);
-      // lab.ts refuses a bad argument right after loading its modules: start-up of the harness itself.
-      probes.harness!.push((await timed(node, ["--import", "tsx", "scripts/lab.ts", "x"], folder)).seconds);
-      probes.tsxCli!.push((await timed(path.join(folder, "node_modules", ".bin", "tsx"), ["scripts/lab.ts", "x"], folder)).seconds);
-      probes.tscNoop!.push((await timed(node, [tscBin, "-p", inTree(folder, `${PACKAGE_DIR}/tsconfig.json`)], folder)).seconds);
-      if (fs.existsSync(nativeTsc)) probes.tscNative!.push((await timed(nativeTsc, ["-p", inTree(folder, `${PACKAGE_DIR}/tsconfig.json`)], folder)).seconds);
+      // lab refuses a bad argument right after loading its modules: start-up of the harness itself.
+      probes.harness!.push((await timed(node, ["scripts/launch.js", "lab", "x"], folder)).seconds);
+      probes.harnessTsx!.push((await timed(node, ["--import", "tsx", "scripts/lab.ts", "x"], folder)).seconds);
+      probes.npmNoop!.push((await timed(npm, ["run", "lab", "--", "x"], folder)).seconds);
+      if (fs.existsSync(nativeTsc)) probes.tscNoop!.push((await timed(nativeTsc, ["-p", inTree(folder, `${PACKAGE_DIR}/tsconfig.json`)], folder)).seconds);
       probes.testPlain!.push((await timed(node, testArgs, folder)).seconds);
-      probes.testTsx!.push((await timed(node, ["--import", "tsx", ...testArgs], folder)).seconds);
-      probes.npmNoop!.push((await timed(npm, ["run", "lab", "-w", "@pi/course", "--", "x"], folder)).seconds);
     }
 
     // ④ Optionally the whole verify.
@@ -170,12 +167,15 @@ await main(async (args) => {
     }
 
     const met = (value: number, target: number): string => (Number.isNaN(value) ? "—" : value <= target ? "是" : "否");
+    const row = (label: string, values: number[], target: number): string[] =>
+      [label, seconds(median(values)), `≤ ${target} s`, met(median(values), target)];
     const rows: string[][] = [
       ["项目", "中位数", "目标", "达标"],
-      [`lab 循环：npm run lab -w @pi/course -- ${lab}`, seconds(median(labNpm)), `≤ ${TARGETS.lab} s`, met(median(labNpm), TARGETS.lab)],
-      [`lab 循环：node --import tsx scripts/lab.ts ${lab}`, seconds(median(labDirect)), `≤ ${TARGETS.lab} s`, met(median(labDirect), TARGETS.lab)],
-      [`创建练习目录：npm run practice -w @pi/course -- ${c.id} DIR`, seconds(median(practiceNpm)), `≤ ${TARGETS.practice} s`, met(median(practiceNpm), TARGETS.practice)],
-      [`创建练习目录：node --import tsx scripts/practice.ts ${c.id} DIR`, seconds(median(practiceDirect)), `≤ ${TARGETS.practice} s`, met(median(practiceDirect), TARGETS.practice)],
+      row(`lab 循环：npm run lab -- ${lab}`, labTimes.npm, TARGETS.lab),
+      row(`lab 循环：npm run lab -w @pi/course -- ${lab}`, labTimes.npmWorkspace, TARGETS.lab),
+      row(`lab 循环：node scripts/launch.js lab ${lab}`, labTimes.node, TARGETS.lab),
+      row(`创建练习目录：npm run practice -w @pi/course -- ${c.id} DIR`, practiceNpm, TARGETS.practice),
+      row(`创建练习目录：node scripts/launch.js practice ${c.id} DIR`, practiceDirect, TARGETS.practice),
       ["npm run verify", withVerify ? `${seconds(verifySeconds)}${verifyCode === 0 ? "" : `（退出码 ${verifyCode}）`}` : "未测（加 --verify）", `≤ ${TARGETS.verify / 60} min`,
         withVerify && verifyCode !== 0 ? `${met(verifySeconds, TARGETS.verify)}（verify 本身未通过）` : met(verifySeconds, TARGETS.verify)],
     ];
@@ -183,29 +183,25 @@ await main(async (args) => {
     console.log(table(rows));
 
     const m = (key: string): number => median(probes[key]!);
-    const labWall = median(labDirect);
+    const labWall = median(labTimes.node);
     const build = median(buildMs);
     const tests = median(testMs);
     const breakdown: string[][] = [
       ["lab 循环里的一段", "中位数"],
       ["node 启动（node -e 0）", seconds(m("node"))],
-      ["tsx 加载器注册（node --import tsx -e 0）", seconds(m("tsx"))],
-      ["harness 启动到拒绝参数（node --import tsx scripts/lab.ts x）", seconds(m("harness"))],
-      ["对照：同上经 tsx 命令行（多一个 node 进程转发，包脚本已不用它）", seconds(m("tsxCli"))],
-      ["同上经 npm run -w（npm 自身 + sh + node --import tsx）", seconds(m("npmNoop"))],
-      ["tsc 构建（改动后，lab 自报）", Number.isNaN(build) ? "—" : seconds(build)],
-      ["tsc 构建（没有改动，node_modules/typescript/bin/tsc）", seconds(m("tscNoop"))],
-      ["同上直接运行原生 tsc（少一个 node 进程）", seconds(m("tscNative"))],
-      ["node:test 运行聚焦测试（lab 自报）", Number.isNaN(tests) ? "—" : seconds(tests)],
-      [`node --test 只跑 Lab ${lab}（单独运行）`, seconds(m("testPlain"))],
-      ["同上但带 --import tsx（run() 的子进程继承 execArgv 时）", seconds(m("testTsx"))],
+      ["harness 启动到拒绝参数（node scripts/launch.js lab x，编译副本）", seconds(m("harness"))],
+      ["对照：同上直接用 tsx 运行源码（node --import tsx scripts/lab.ts x）", seconds(m("harnessTsx"))],
+      ["tsc 增量构建（改动后，lab 自报；测试进程同时在启动）", Number.isNaN(build) ? "—" : seconds(build)],
+      ["对照：没有改动时的原生 tsc", seconds(m("tscNoop"))],
+      ["构建之后跑聚焦测试到出结论（lab 自报）", Number.isNaN(tests) ? "—" : seconds(tests)],
+      [`对照：node --test 从零启动只跑 Lab ${lab}`, seconds(m("testPlain"))],
       ["其余（lab 墙钟 − harness 启动 − 构建 − 测试）", seconds(labWall - m("harness") - (build || 0) - (tests || 0))],
-      ["npm 路径多出的时间（npm − node --import tsx）", seconds(median(labNpm) - labWall)],
+      ["npm 自身（npm run lab -- x 减去 harness 启动）", seconds(m("npmNoop") - m("harness"))],
     ];
-    console.log("\n时间花在哪里（lab 循环，直接运行）：\n");
+    console.log("\n时间花在哪里（lab 循环，node scripts/launch.js 直接运行）：\n");
     console.log(table(breakdown));
-    const missed = [median(labNpm) > TARGETS.lab, median(labDirect) > TARGETS.lab, median(practiceNpm) > TARGETS.practice,
-      median(practiceDirect) > TARGETS.practice, verifySeconds > TARGETS.verify].some(Boolean);
+    const missed = [...Object.values(labTimes).map((values) => median(values) > TARGETS.lab),
+      median(practiceNpm) > TARGETS.practice, median(practiceDirect) > TARGETS.practice, verifySeconds > TARGETS.verify].some(Boolean);
     console.log(missed
       ? "\n有目标没有达到：看上面的分解找出最大的一段（机器负载高时所有数字都会偏大，负载见开头）。"
       : "\n所有测到的目标都已达到。");

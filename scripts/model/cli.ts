@@ -8,6 +8,13 @@ export class CourseError extends Error {
 
 /** Runs a command body; a CourseError becomes one line on stderr and its exit code, anything else a stack. */
 export async function main(body: (args: string[]) => Promise<number | void>): Promise<void> {
+  // `npm run lab -- 13 | head` closes our stdout early: stop quietly instead of printing an EPIPE stack.
+  for (const stream of [process.stdout, process.stderr]) {
+    stream.on("error", (error: NodeJS.ErrnoException) => {
+      if (error.code !== "EPIPE") throw error;
+      process.exit(typeof process.exitCode === "number" ? process.exitCode : 0);
+    });
+  }
   try {
     const code = await body(process.argv.slice(2));
     process.exitCode = typeof code === "number" ? code : 0;
