@@ -38,15 +38,21 @@ function sourceKey() {
   return hash.digest("hex").slice(0, 16);
 }
 
-/** The project's tsc: the native binary of TypeScript 7 when present, else its node entry. */
-function findTsc() {
-  const native = `@typescript/typescript-${process.platform}-${process.arch}/lib/tsc${process.platform === "win32" ? ".exe" : ""}`;
+/** The first node_modules/<relative> found from the checkout upwards, as node would resolve it. */
+function installed(relative) {
   for (let dir = root; ; dir = path.dirname(dir)) {
-    const modules = path.join(dir, "node_modules");
-    if (fs.existsSync(path.join(modules, native))) return [path.join(modules, native)];
-    if (fs.existsSync(path.join(modules, "typescript", "bin", "tsc"))) return [process.execPath, path.join(modules, "typescript", "bin", "tsc")];
+    const candidate = path.join(dir, "node_modules", relative);
+    if (fs.existsSync(candidate)) return candidate;
     if (path.dirname(dir) === dir) return undefined;
   }
+}
+
+/** The project's tsc: the native binary of TypeScript 7 when present, else its node entry. */
+function findTsc() {
+  const native = installed(`@typescript/typescript-${process.platform}-${process.arch}/lib/tsc${process.platform === "win32" ? ".exe" : ""}`);
+  if (native) return [native];
+  const shim = installed("typescript/bin/tsc");
+  return shim ? [process.execPath, shim] : undefined;
 }
 
 /**
@@ -67,10 +73,12 @@ function compile(cache, target) {
     } catch (error) {
       if (!fs.existsSync(path.join(target, "scripts", `${command}.js`))) throw error; // another command won the race: fine
     }
-    // Keep the newest few copies (a course checkout and its practice folders may share one node_modules).
-    const copies = fs.readdirSync(cache).filter((name) => /^[0-9a-f]{16}$/.test(name))
-      .map((name) => ({ name, time: fs.statSync(path.join(cache, name)).mtimeMs })).sort((a, b) => b.time - a.time);
-    for (const old of copies.slice(4)) fs.rmSync(path.join(cache, old.name), { recursive: true, force: true });
+    // Keep the newest few copies (a course checkout and its practice folders may share one node_modules), and drop
+    // temporary folders that a killed compile left behind.
+    const entries = fs.readdirSync(cache).map((name) => ({ name, time: fs.statSync(path.join(cache, name)).mtimeMs }));
+    const copies = entries.filter((e) => /^[0-9a-f]{16}$/.test(e.name)).sort((a, b) => b.time - a.time);
+    const leftovers = entries.filter((e) => /\.tmp-\d+$/.test(e.name) && Date.now() - e.time > 10 * 60_000);
+    for (const old of [...copies.slice(4), ...leftovers]) fs.rmSync(path.join(cache, old.name), { recursive: true, force: true });
     return true;
   } finally {
     fs.rmSync(temp, { recursive: true, force: true });
@@ -99,6 +107,9 @@ if (entry) {
   globalThis[Symbol.for("pi-course.root")] = root;
   process.argv = [process.argv[0], entry, ...args];
   await import(pathToFileURL(entry).href);
+} else if (!installed("tsx/package.json")) {
+  console.error(`无法运行 ${command}：还没有安装依赖。先在 ${root} 运行 npm install，再重试。`);
+  process.exitCode = 1;
 } else {
   // The TypeScript itself, through tsx. Ctrl-C reaches the child from the terminal; we wait for it to clean up.
   const child = spawn(process.execPath, ["--import", "tsx", path.join(scriptsDir, `${command}.ts`), ...args], { stdio: "inherit" });
