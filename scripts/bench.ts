@@ -140,13 +140,16 @@ await main(async (args) => {
 
     // ③ Where the time goes: the same pieces measured on their own.
     console.log(`③ 分解耗时 × ${runs}…`);
-    const probes: Record<string, number[]> = { node: [], harness: [], harnessTsx: [], npmNoop: [], tscNoop: [], testPlain: [] };
+    const probes: Record<string, number[]> = { node: [], nodeNoCa: [], harness: [], harnessTsx: [], npmNoop: [], tscNoop: [], testPlain: [] };
+    // Some machines (CI sandboxes, company networks) set NODE_EXTRA_CA_CERTS: every node start then parses that file.
+    const extraCa = Boolean(process.env.NODE_EXTRA_CA_CERTS);
     // typescript 7 ships its compiler as a native binary; the harness calls it directly.
     const nativeTsc = path.join(folder, "node_modules", "@typescript", `typescript-${process.platform}-${process.arch}`, "lib", "tsc");
     const focused = inTree(folder, compiledTest(c.focusedTest));
     const testArgs = ["--test", `--test-name-pattern=^Lab ${n}\\.1 · `, focused];
     for (let i = 0; i < runs; i += 1) {
       probes.node!.push((await timed(node, ["-e", "0"], folder)).seconds);
+      if (extraCa) probes.nodeNoCa!.push((await timed(node, ["-e", "0"], folder, { NODE_EXTRA_CA_CERTS: "" })).seconds);
       // lab refuses a bad argument right after loading its modules: start-up of the harness itself.
       probes.harness!.push((await timed(node, ["scripts/launch.js", "lab", "x"], folder)).seconds);
       probes.harnessTsx!.push((await timed(node, ["--import", "tsx", "scripts/lab.ts", "x"], folder)).seconds);
@@ -189,6 +192,7 @@ await main(async (args) => {
     const breakdown: string[][] = [
       ["lab 循环里的一段", "中位数"],
       ["node 启动（node -e 0）", seconds(m("node"))],
+      ...(extraCa ? [["对照：node 启动，不读 NODE_EXTRA_CA_CERTS（本机设置了它；npm、harness、测试进程各启动一次 node）", seconds(m("nodeNoCa"))]] : []),
       ["harness 启动到拒绝参数（node scripts/launch.js lab x，编译副本）", seconds(m("harness"))],
       ["对照：同上直接用 tsx 运行源码（node --import tsx scripts/lab.ts x）", seconds(m("harnessTsx"))],
       ["tsc 增量构建（改动后，lab 自报；测试进程同时在启动）", Number.isNaN(build) ? "—" : seconds(build)],
