@@ -48,17 +48,25 @@ test("测试进程：先启动、后开跑；取消时不运行任何测试", as
     await new Promise((resolve) => setTimeout(resolve, 200));
     assert.equal((await waiting.go()).length, 4);
 
+    // A cancelled process is gone: a later go() can no longer hand it the file, so the marker is never written.
     const cancelled = startTestProcess(dir, path.join(dir, "marker.test.mjs"), "marker.test.mjs");
     cancelled.cancel();
-    await new Promise((resolve) => setTimeout(resolve, 300));
+    const [ended] = await cancelled.go();
+    assert.match(ended!.error, /测试进程提前结束（被信号 SIGTERM 结束）/);
     assert.equal(fs.existsSync(path.join(dir, "ran")), false);
   });
 });
 
-test("测试进程：加载失败、中途退出、卡住，各自变成一条写明原因的失败", async () => {
+test("测试进程：加载失败、中途退出（哪怕退出码是 0）、卡住，各自变成一条写明原因的失败；没有测试的文件不算失败", async () => {
   await withFiles({
     "load.test.mjs": `import "./missing.mjs";`,
     "exit.test.mjs": `import { test } from "node:test";\ntest("Lab 1.1 · 退出", () => { process.exit(3); });`,
+    // The exit comes a moment later, as from a server callback: results already reported are kept. (An exit in
+    // the very same tick as the file's start leaves nothing to report; the lab's zero-tests message names it.)
+    "exit0.test.mjs": `import { test } from "node:test";\ntest("Lab 1.1 · 先过", () => {});\n` +
+      `test("Lab 1.1 · 以 0 退出", () => new Promise(() => { setTimeout(() => process.exit(0), 50); }));\n` +
+      `test("Lab 1.1 · 不会运行", () => {});`,
+    "empty.test.mjs": `import { test } from "node:test";`,
     "hang.test.mjs": `import { test } from "node:test";\ntest("Lab 1.1 · 卡住", () => new Promise(() => { setInterval(() => {}, 1000); }));`,
   }, async (dir) => {
     const [load] = await runTests(dir, ["load.test.mjs"]);
@@ -69,6 +77,14 @@ test("测试进程：加载失败、中途退出、卡住，各自变成一条�
     const [exit] = await runTests(dir, ["exit.test.mjs"]);
     assert.equal(exit!.passed, false);
     assert.match(exit!.error, /测试进程提前结束（退出码 3）/);
+
+    // Exit code 0 is no excuse: the run never reached its end, and the third test never ran.
+    const exit0 = await runTests(dir, ["exit0.test.mjs"]);
+    assert.deepEqual(exit0.map((o) => [o.name, o.passed]), [["Lab 1.1 · 先过", true], ["exit0.test.mjs", false]]);
+    assert.match(exit0[1]!.error, /测试进程提前结束（退出码 0）/);
+
+    // A file without tests is not a crash: it simply has no outcomes (the lab then says nothing matched).
+    assert.deepEqual(await runTests(dir, ["empty.test.mjs"]), []);
 
     const [hang] = await runTests(dir, ["hang.test.mjs"], { timeout: 1_500 });
     assert.equal(hang!.passed, false);

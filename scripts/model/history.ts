@@ -45,6 +45,7 @@ export function historyDir(root = ROOT): string {
   return path.join(root, ".history");
 }
 
+/** simple-git on `dir` for commands whose output we read (write-tree, show, diff, log); see quietGit for the rest. */
 export function git(dir: string): SimpleGit {
   return simpleGit({ baseDir: dir, config: GIT_CONFIG, trimmed: false, maxConcurrentProcesses: 4 });
 }

@@ -4,20 +4,23 @@ import fs from "node:fs"; // not fs-extra: the lab loop loads these modules on e
 import { CourseError } from "./cli.js";
 import { type Lab, labPattern } from "./manifest.js";
 import { PACKAGE_DIR, inTree } from "./paths.js";
-import { type TestOutcome, type TestProcess, buildPackage, compiledTest, firstLines, labOf, prepareTests } from "./tests.js";
+import { type TestOutcome, buildPackage, compiledTest, firstLines, labOf, prepareTests } from "./tests.js";
 
 export interface ChapterSpec { id: string; focusedTest?: string; labs?: Lab[] }
 
 export interface LabVerdict { lab: string; expected?: number; passed: number; ran: number; outcomes: TestOutcome[] }
 export interface LabReport { file: string; verdicts: LabVerdict[]; buildMs: number; testMs: number; ok: boolean }
 
-/** Compiled focused test of a chapter: from the spec when known, else the `NN-*.test.js` file in dist. */
+/**
+ * Compiled focused test of a chapter: from the spec when known, else from the `NN-*.test.ts` source in the tree
+ * (earlier chapters in a practice folder). Known before the build, so its test process can start with tsc.
+ */
 export function focusedCompiled(root: string, spec: ChapterSpec): string {
   if (spec.focusedTest) return compiledTest(spec.focusedTest);
-  const dir = inTree(root, `${PACKAGE_DIR}/dist/test`);
-  const match = fs.existsSync(dir) ? fs.readdirSync(dir).find((name) => name.startsWith(`${spec.id}-`) && name.endsWith(".test.js")) : undefined;
-  if (!match) throw new CourseError(`找不到第 ${spec.id} 章的聚焦测试（${PACKAGE_DIR}/dist/test/${spec.id}-*.test.js）。`);
-  return `${PACKAGE_DIR}/dist/test/${match}`;
+  const dir = inTree(root, `${PACKAGE_DIR}/test`);
+  const match = fs.existsSync(dir) ? fs.readdirSync(dir).find((name) => name.startsWith(`${spec.id}-`) && name.endsWith(".test.ts")) : undefined;
+  if (!match) throw new CourseError(`找不到第 ${spec.id} 章的聚焦测试（${PACKAGE_DIR}/test/${spec.id}-*.test.ts）。`);
+  return compiledTest(`${PACKAGE_DIR}/test/${match}`);
 }
 
 /**
@@ -28,11 +31,9 @@ export async function runLab(root: string, spec: ChapterSpec, lab?: string): Pro
   const known = spec.labs?.map((l) => l.id);
   if (lab && known && !known.includes(lab))
     throw new CourseError(`第 ${spec.id} 章没有 Lab ${lab}；本章的 lab：${known.join("、")}`, 2);
-  const options = lab ? { patterns: [labPattern(lab)] } : {};
-  // When the focused file is known up front, its test process starts now and boots while tsc builds.
-  const early = spec.focusedTest ? prepareTests(root, compiledTest(spec.focusedTest), options) : undefined;
-  let tests: TestProcess | undefined;
-  let file: string;
+  const file = focusedCompiled(root, spec);
+  // The test process starts now and boots while tsc builds; it gets the file once the build is done.
+  const tests = prepareTests(root, file, lab ? { patterns: [labPattern(lab)] } : {});
   let buildMs: number;
   try {
     const build = await buildPackage(root);
@@ -40,11 +41,10 @@ export async function runLab(root: string, spec: ChapterSpec, lab?: string): Pro
     if (!build.ok) {
       throw new CourseError(`构建失败（tsc）：先修好下面的类型错误，再重新运行。\n${firstLines(build.output, 30)}`);
     }
-    file = focusedCompiled(root, spec);
     if (!fs.existsSync(inTree(root, file))) throw new CourseError(`构建后仍找不到 ${file}。`);
-    tests = early ?? prepareTests(root, file, options);
-  } finally {
-    if (!tests) early?.cancel();
+  } catch (error) {
+    tests.cancel();
+    throw error;
   }
   const started = Date.now();
   const outcomes = await tests.go();
@@ -75,7 +75,10 @@ export function formatLabReport(report: LabReport, whole: boolean): string {
   for (const v of report.verdicts) {
     const denominator = v.expected ?? v.ran;
     lines.push(`Lab ${v.lab}: ${v.passed}/${denominator}`);
-    if (v.ran === 0) lines.push(`  ✗ 没有匹配到任何测试：测试标题必须以 "Lab ${v.lab} · " 开头。`);
+    if (v.ran === 0) {
+      lines.push(`  ✗ 没有匹配到任何测试：测试标题必须以 "Lab ${v.lab} · " 开头。`);
+      lines.push("    标题没错却仍然是 0：测试进程在报告任何结果之前就退出了，看看被测代码是否调用了 process.exit。");
+    }
     else if (v.expected !== undefined && v.ran !== v.expected) lines.push(`  ✗ 清单说 Lab ${v.lab} 有 ${v.expected} 个测试，实际运行了 ${v.ran} 个。`);
     for (const o of v.outcomes.filter((x) => !x.passed)) {
       lines.push(`  ✗ ${o.name}`);

@@ -151,8 +151,10 @@ export function startTestProcess(cwd: string, absoluteFile: string, relativeFile
       if (exit.spawnError) failure(`无法启动测试进程：${exit.spawnError.message}`);
       else if (timedOut) failure(`测试超时：${Math.round(timeout / 1000)} 秒内没有跑完（测试卡住了，或者有 Promise 永远不会结束）`);
       else if (loadError !== undefined) failure(loadError);
-      else if (!done && exit.code !== 0 && !outcomes.some((o) => !o.passed)) {
-        // The process died before node:test could report (process.exit in code under test, a crash on load).
+      else if (!done && (exit.code !== 0 || outcomes.length > 0)) {
+        // node:test never reported the end of the run although the process failed or tests had run: it was cut
+        // short (process.exit in code under test, a crash) and the tests after that point did not run. A file
+        // without a single test ends without that report too, with no outcomes and exit code 0.
         const why = exit.signal ? `被信号 ${exit.signal} 结束` : `退出码 ${exit.code}`;
         failure(`测试进程提前结束（${why}）${stderr.trim() ? `：\n${stderr.trim()}` : ""}`);
       }

@@ -2,7 +2,7 @@
 // the history invariant, the guide and the absence of the solution in practice; plus the COURSE.md table.
 import path from "node:path";
 import fs from "fs-extra";
-import { type Checkpoint, chapterNumber, declaredFiles } from "./manifest.js";
+import { type Checkpoint, chapterNumber, declaredFiles, totalTests } from "./manifest.js";
 import { type HistoryInfo, changedFiles, materialize, showFile, stalePins } from "./history.js";
 import { caughtExactly, greenAgain, injectFault, planMutation } from "./faults.js";
 import { courseTableCurrent } from "./docs.js";
@@ -86,8 +86,10 @@ export async function verifyCheckpoint(c: Checkpoint, info: HistoryInfo, work: s
     const text = await fs.readFile(guide, "utf8");
     for (const label of CARD_LABELS) if (!text.includes(`**${label}**`)) fail("讲义", `${c.guide} 的 checkpoint 卡片缺少 **${label}**`);
     for (const section of GUIDE_SECTIONS) if (!text.includes(section)) fail("讲义", `${c.guide} 缺少小节 ${section}`);
-    if (!text.includes(`chapter total: ${c.labs.reduce((s, l) => s + l.count, 0)}/`)) fail("讲义", `${c.guide} 的验收清单缺少 chapter total 记录`);
+    if (!text.includes(`chapter total: ${totalTests(c)}/`)) fail("讲义", `${c.guide} 的验收清单缺少 chapter total 记录`);
   }
+
+  const focusedFile = compiledTest(c.focusedTest);
 
   // (a) target
   const target = path.join(work, `${c.id}-target`);
@@ -99,7 +101,7 @@ export async function verifyCheckpoint(c: Checkpoint, info: HistoryInfo, work: s
   else {
     const outcomes = await runTests(target, compiledTests(target));
     for (const o of outcomes.filter((x) => !x.passed)) fail("目标", `${o.file} · ${o.name} 失败：${firstLines(o.error)}`);
-    const focused = outcomes.filter((o) => o.file === compiledTest(c.focusedTest));
+    const focused = outcomes.filter((o) => o.file === focusedFile);
     for (const lab of c.labs) {
       const mine = focused.filter((o) => labOf(o.name) === lab.id).map((o) => o.name);
       if (mine.length !== lab.count) fail("目标", `Lab ${lab.id} 应有 ${lab.count} 项测试，实际 ${mine.length} 项`);
@@ -107,8 +109,7 @@ export async function verifyCheckpoint(c: Checkpoint, info: HistoryInfo, work: s
     }
     for (const o of focused) if (!c.labs.some((lab) => lab.tests.includes(o.name))) fail("目标", `聚焦测试里有清单没有列出的测试：${o.name}`);
     targetGreen = outcomes.length > 0 && outcomes.every((o) => o.passed);
-    const total = c.labs.reduce((s, l) => s + l.count, 0);
-    notes.push(`目标 ${focused.filter((o) => o.passed).length}/${total}（共 ${outcomes.filter((o) => o.passed).length}/${outcomes.length} 项含前序章节）`);
+    notes.push(`目标 ${focused.filter((o) => o.passed).length}/${totalTests(c)}（共 ${outcomes.filter((o) => o.passed).length}/${outcomes.length} 项含前序章节）`);
   }
 
   // (b) practice + (e) leaks
@@ -143,7 +144,6 @@ export async function verifyCheckpoint(c: Checkpoint, info: HistoryInfo, work: s
   if (!practiceBuild.ok) fail("练习", `练习目录构建失败（脚手架必须能在 parent 上编译）：\n${firstLines(practiceBuild.output, 12)}`);
   else {
     const outcomes = await runTests(practice, compiledTests(practice), { timeout: 30_000 });
-    const focusedFile = compiledTest(c.focusedTest);
     const focused = outcomes.filter((o) => o.file === focusedFile);
     const others = outcomes.filter((o) => o.file !== focusedFile);
     for (const o of others.filter((x) => !x.passed)) fail("练习", `前序章节的测试在练习目录里失败：${o.file} · ${o.name}：${firstLines(o.error)}`);
@@ -151,7 +151,7 @@ export async function verifyCheckpoint(c: Checkpoint, info: HistoryInfo, work: s
       for (const o of focused.filter((x) => !x.passed)) fail("练习", `观察模式的练习目录应当全绿：${o.name}`);
       notes.push(`练习 ${focused.filter((o) => o.passed).length}/${focused.length}（观察）`);
     } else {
-      const expected = c.labs.reduce((s, l) => s + l.count, 0);
+      const expected = totalTests(c);
       if (focused.length !== expected) fail("练习", `练习目录里聚焦测试运行了 ${focused.length} 项，应为 ${expected} 项`);
       for (const o of focused) {
         if (o.passed) fail("练习", `${o.name} 在脚手架上就通过了（每项测试都应先红）`);
