@@ -9,7 +9,8 @@ export type Mode = "重建" | "扩展" | "观察";
 export const MODES: readonly Mode[] = ["重建", "扩展", "观察"];
 
 export interface StarterOverlay { source: string; destination: string; description: string }
-export interface Lab { id: string; title: string; count: number; tests: string[] }
+/** A lab; `hints` is its hint ladder: where to look, the signature and invariant, pseudocode (never the code). */
+export interface Lab { id: string; title: string; count: number; tests: string[]; hints: string[] }
 export interface Edit { find: string; replace: string }
 export interface Fault {
   id: string; lab: string; file: string; description: string; mutation: Edit[]; test: string;
@@ -139,7 +140,10 @@ export function parseManifest(raw: unknown, file: string): Manifest {
       return title;
     });
     if (tests.length !== count) r.fail(`${f}.tests`, `列出了 ${tests.length} 个测试，但 count 是 ${count}`);
-    return { id: labId, title: r.string(l.title, `${f}.title`), count, tests };
+    const hints = l.hints === undefined ? [] : r.array(l.hints, `${f}.hints`, (h, hf) => r.string(h, hf));
+    if (l.hints !== undefined && hints.length !== 3)
+      r.fail(`${f}.hints`, `提示阶梯必须正好三级（看哪里、签名与不变量、伪代码），现在是 ${hints.length} 级`);
+    return { id: labId, title: r.string(l.title, `${f}.title`), count, tests, hints };
   });
   if (labs.length === 0) r.fail("labs", "至少要有一个 lab");
   labs.forEach((lab, index) => {
