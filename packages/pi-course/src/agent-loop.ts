@@ -8,6 +8,10 @@
 // 第 09 章起，循环还在两个“完整边界”上接收运行中到达的用户消息：
 // 一批工具结果全部写完之后（steering），以及纯文本 stop 之后（steering 优先，其次 follow-up）。
 // 模型请求抛出的异常也在这里变成一条 error assistant，已经配对的工具事实不会丢。
+//
+// 第 15 章起，每次请求之前循环先对一次账：transcript 重放出的工具清单（模型上次看见的）
+// 与注册表此刻的 definitions() 不同，就在末尾追加一条只含差别的 system 补丁。
+// 于是“模型看见过哪些工具”和其他事实一样写在 transcript 里，重放即可得到。
 
 import {
   executeToolCall,
@@ -18,12 +22,15 @@ import {
 } from "./tool.js";
 import {
   assistantMessage,
+  currentTools,
   text,
+  toolStateChanges,
   type AgentContext,
   type AgentMessage,
   type AssistantMessage,
   type Model,
   type ModelEvent,
+  type SystemMessage,
   type TextContent,
   type ToolCall,
   type ToolResultMessage,
@@ -96,6 +103,10 @@ export async function runAgentLoop(options: AgentLoopOptions): Promise<AgentRunR
     // 在发请求之前检查取消：已经取消的运行不再消耗模型请求。
     if (options.signal?.aborted) return finish("aborted", steps - 1);
 
+    // 第 15 章：工具清单变了，先把差别写进 transcript，再发请求。
+    const patch = declareToolChanges(messages, options.tools);
+    if (patch !== undefined) messages.push(patch);
+
     const assistant = await collectModelTurn(options, messages, emit);
     messages.push(assistant);
     emit({ type: "assistant_message", message: assistant });
@@ -164,6 +175,28 @@ async function collectModelTurn(
     const stopReason = options.signal?.aborted ? "aborted" : "error";
     return assistantMessage([], stopReason, { errorMessage: message });
   }
+}
+
+/** 第 15 章：transcript 里有没有哪条 system 消息声明过工具。 */
+export function declaresTools(messages: readonly AgentMessage[]): boolean {
+  return messages.some(
+    (message) => message.role === "system" && (message.toolsAdded !== undefined || message.toolsRemoved !== undefined),
+  );
+}
+
+/**
+ * 第 15 章：算出下一次请求之前要追加的工具补丁；不需要补丁时返回 undefined。不改动 messages。
+ * 注册表全是 direct、transcript 也从没声明过工具时，循环保持第 07 章的样子：不写任何补丁。
+ * 否则把 currentTools(messages) 与 registry.definitions() 对比，只写出差别；空的一侧省略。
+ */
+export function declareToolChanges(messages: readonly AgentMessage[], tools: ToolRegistry): SystemMessage | undefined {
+  if (!tools.usesExposure() && !declaresTools(messages)) return undefined;
+  const changes = toolStateChanges(currentTools(messages), tools.definitions());
+  if (changes.toolsAdded.length === 0 && changes.toolsRemoved.length === 0) return undefined;
+  const patch: SystemMessage = { role: "system", content: "", timestamp: Date.now() };
+  if (changes.toolsAdded.length > 0) patch.toolsAdded = changes.toolsAdded;
+  if (changes.toolsRemoved.length > 0) patch.toolsRemoved = changes.toolsRemoved;
+  return patch;
 }
 
 /** assistant 内容里的工具调用，保持内容顺序。 */

@@ -14,6 +14,8 @@ import type {
   SystemMessage,
   TextContent,
   ToolCall,
+  ToolDefinition,
+  ToolReference,
   ToolResultMessage,
   Usage,
   UserMessage,
@@ -267,8 +269,35 @@ function sectionsOf(value: unknown, path: string): Record<string, string | null>
   return sections;
 }
 
+/** 第 15 章：列表字段一旦出现就不能是空数组——“什么都没变”的补丁根本不该写出来。 */
+function nonEmptyArray(value: unknown, path: string): unknown[] {
+  const items = denseArray(value, path);
+  if (items.length === 0) fail(path, "不能是空数组");
+  return items;
+}
+
+function toolDeclaration(value: unknown, path: string): ToolDefinition {
+  const fields = plainObject(value, path);
+  exactKeys(fields, path, ["name", "description", "parameters"]);
+  const parameters = jsonValue(fields.parameters, `${path}.parameters`);
+  if (typeof parameters !== "object" || parameters === null || Array.isArray(parameters)) {
+    fail(`${path}.parameters`, "必须是 JSON object");
+  }
+  return {
+    name: nonBlank(fields.name, `${path}.name`),
+    description: stringField(fields.description, `${path}.description`),
+    parameters,
+  };
+}
+
+function toolReference(value: unknown, path: string): ToolReference {
+  const fields = plainObject(value, path);
+  exactKeys(fields, path, ["name"]);
+  return { name: nonBlank(fields.name, `${path}.name`) };
+}
+
 function systemMessage(fields: Fields, path: string): SystemMessage {
-  exactKeys(fields, path, ["role", "content", "timestamp"], ["sections"]);
+  exactKeys(fields, path, ["role", "content", "timestamp"], ["sections", "toolsAdded", "toolsRemoved"]);
   const message: SystemMessage = {
     role: "system",
     content: stringField(fields.content, `${path}.content`),
@@ -277,6 +306,16 @@ function systemMessage(fields: Fields, path: string): SystemMessage {
   // 没给 sections 就不添加这个键：严格深比较下“键不存在”与“值为 undefined”不同。
   if (has(fields, "sections")) {
     message.sections = fields.sections === undefined ? undefined : sectionsOf(fields.sections, `${path}.sections`);
+  }
+  if (has(fields, "toolsAdded")) {
+    message.toolsAdded = nonEmptyArray(fields.toolsAdded, `${path}.toolsAdded`).map((item, index) =>
+      toolDeclaration(item, `${path}.toolsAdded[${index}]`),
+    );
+  }
+  if (has(fields, "toolsRemoved")) {
+    message.toolsRemoved = nonEmptyArray(fields.toolsRemoved, `${path}.toolsRemoved`).map((item, index) =>
+      toolReference(item, `${path}.toolsRemoved[${index}]`),
+    );
   }
   return message;
 }

@@ -2,6 +2,10 @@
 // 模型给出的 toolCall 只是一段“请求”：名字可能不存在，参数可能缺字段、类型不对，
 // 工具本身也可能抛错。本文件把这三种不确定性收拢成一条规则：
 // 每个 toolCall 都会换回一条 toolResult，失败也只是 isError: true 的数据，而不是异常。
+//
+// 第 15 章起，注册表还回答两个不同的问题：模型此刻“看见”哪些工具（declared），
+// 脚本能“调用”哪些工具（callable）。每个工具用 exposure 声明自己属于哪一边；
+// 执行器在解析参数之前按调用方的 scope 把关，越界的调用同样只换回一条失败结果。
 import {
   text,
   type TextContent,
@@ -118,16 +122,40 @@ export type ToolExecutor = (
   context?: Omit<ToolContext, "callId">,
 ) => Promise<ToolResultMessage>;
 
+/**
+ * 第 15 章：一个工具对谁可见、被谁调用。
+ * - direct：注册即生效，模型看得见，脚本也能调用（省略 exposure 时就是它）；
+ * - model-only：只给模型看、只让模型调用（例如 tool_search 本身）；
+ * - codemode / deferred：脚本随时能调用，模型要等 activate() 之后才看得见；
+ * - hidden：谁都看不见、谁都调不了，只留在注册表里。
+ */
+export type ToolExposure = "direct" | "model-only" | "codemode" | "deferred" | "hidden";
+
+/** 发起调用的一方：模型的 toolCall，或（第 16 章的）脚本里的嵌套调用。 */
+export type ToolCallScope = "model" | "script";
+
 export interface Tool<TParameters = unknown, TDetails = unknown> {
   name: string;
   description: string;
   schema: Schema<TParameters>;
+  /** 省略即 "direct"：第 06–14 章的工具不用改一个字。 */
+  exposure?: ToolExposure;
   execute(parameters: TParameters, context: ToolContext): Promise<ToolOutput<TDetails>>;
 }
 
-/** 每个实例一张私有名表；注册顺序就是 list() 与 definitions() 的顺序。 */
+type AnyTool = Tool<unknown, unknown>;
+
+function exposureOfTool(tool: AnyTool): ToolExposure {
+  return tool.exposure ?? "direct";
+}
+
+/**
+ * 每个实例一张私有名表；注册顺序就是 list()、declared()、callable() 与 definitions() 的顺序。
+ * 另有一张“已激活”名单：模型能看见的工具都在这里，激活只会添加、不会撤销。
+ */
 export class ToolRegistry {
-  readonly #tools = new Map<string, Tool<unknown, unknown>>();
+  readonly #tools = new Map<string, AnyTool>();
+  readonly #active = new Set<string>();
 
   constructor(tools: Tool<never, unknown>[] | Tool[] = []) {
     for (const tool of tools) this.register(tool);
@@ -136,19 +164,73 @@ export class ToolRegistry {
   register<TParameters, TDetails>(tool: Tool<TParameters, TDetails>): void {
     // 先检查、后写入：重名时名表保持原样。
     if (this.#tools.has(tool.name)) throw new Error(`Tool 已存在：${tool.name}`);
-    this.#tools.set(tool.name, tool as unknown as Tool<unknown, unknown>);
+    const stored = tool as unknown as AnyTool;
+    this.#tools.set(tool.name, stored);
+    // direct 与 model-only 注册即对模型可见；codemode / deferred 等 activate()；hidden 永远不进名单。
+    const exposure = exposureOfTool(stored);
+    if (exposure === "direct" || exposure === "model-only") this.#active.add(tool.name);
   }
 
-  get(name: string): Tool<unknown, unknown> | undefined {
+  get(name: string): AnyTool | undefined {
     return this.#tools.get(name);
   }
 
-  list(): Tool<unknown, unknown>[] {
+  list(): AnyTool[] {
     return [...this.#tools.values()];
   }
 
+  exposureOf(name: string): ToolExposure | undefined {
+    const tool = this.#tools.get(name);
+    return tool === undefined ? undefined : exposureOfTool(tool);
+  }
+
+  /** 只要有一个工具不是 direct，这个注册表就需要区分“看见”与“调用”。 */
+  usesExposure(): boolean {
+    return this.list().some((tool) => exposureOfTool(tool) !== "direct");
+  }
+
+  /**
+   * 激活一批名字，返回真正新激活的那些（按传入顺序，不重复）。
+   * 只有尚未激活的 codemode / deferred 工具会被激活；未知、hidden、direct、model-only 或已激活的名字都忽略。
+   */
+  activate(names: readonly string[]): string[] {
+    const activated: string[] = [];
+    for (const name of names) {
+      const exposure = this.exposureOf(name);
+      if (exposure !== "codemode" && exposure !== "deferred") continue;
+      if (this.#active.has(name)) continue;
+      this.#active.add(name);
+      activated.push(name);
+    }
+    return activated;
+  }
+
+  isActive(name: string): boolean {
+    return this.#active.has(name);
+  }
+
+  /** 模型此刻看见的工具：已激活且不是 hidden，按注册顺序（不是激活顺序）。 */
+  declared(): AnyTool[] {
+    return this.list().filter((tool) => this.#active.has(tool.name) && exposureOfTool(tool) !== "hidden");
+  }
+
+  /** 脚本能调用的工具：全部 codemode / deferred（不论是否激活），加上已激活的 direct。 */
+  callable(): AnyTool[] {
+    return this.list().filter((tool) => {
+      const exposure = exposureOfTool(tool);
+      if (exposure === "codemode" || exposure === "deferred") return true;
+      return exposure === "direct" && this.#active.has(tool.name);
+    });
+  }
+
+  canCall(name: string, scope: ToolCallScope): boolean {
+    const visible = scope === "model" ? this.declared() : this.callable();
+    return visible.some((tool) => tool.name === name);
+  }
+
+  /** 发给模型的说明书：只描述 declared() 里的工具。 */
   definitions(): ToolDefinition[] {
-    return this.list().map((tool) => ({
+    return this.declared().map((tool) => ({
       name: tool.name,
       description: tool.description,
       parameters: structuredClone(tool.schema.jsonSchema ?? { type: "object" }),
@@ -177,19 +259,31 @@ export function failedResult(call: ToolCall, error: unknown): ToolResultMessage 
   };
 }
 
+/** 第 15 章：scope 闸门拒绝时写进结果的原因。 */
+const SCOPE_DENIALS: Record<ToolCallScope, string> = {
+  model: "工具未声明给模型",
+  script: "工具不在脚本的可调用集合里",
+};
+
 /**
  * 把一个 toolCall 变成恰好一条配对的 toolResult。
  * 未知工具、参数不合法、工具抛错或 reject，都折算成失败结果；返回的 Promise 不会因此 reject。
+ * 第 15 章：判定顺序是 未知工具 → scope 闸门 → 解析参数 → 执行。闸门在第一个 await 之前同步判定，
+ * 工具本体则放到下一个微任务才开始：同一批里先启动的调用（例如 tool_search 的激活）
+ * 改变不了同批其他调用的判定——它们面对的是模型写下这批调用时看见的那份名单。
  */
 export async function executeToolCall(
   call: ToolCall,
   registry: ToolRegistry,
   context: Omit<ToolContext, "callId"> = {},
+  scope: ToolCallScope = "model",
 ): Promise<ToolResultMessage> {
   const tool = registry.get(call.name);
   if (!tool) return failedResult(call, new Error("未知工具"));
+  if (!registry.canCall(call.name, scope)) return failedResult(call, new Error(SCOPE_DENIALS[scope]));
   try {
     const parameters = tool.schema.parse(call.arguments);
+    await undefined;
     // callId 写在展开之后，调用方无法用 context 覆盖它。
     const output = await tool.execute(parameters, { ...context, callId: call.id });
     return {

@@ -62,16 +62,24 @@ export interface ToolResultMessage<TDetails = unknown> {
   timestamp: number;
 }
 
+/** 第 15 章：按名字指向一个已声明的工具（撤销声明时用）。 */
+export interface ToolReference {
+  name: string;
+}
+
 /**
  * system 消息也住在对话记录里。
  * 第一条是基础提示；后面的每一条都是一个“补丁”：
  * 非空 content 追加到末尾，sections 按名字设置 / 替换（字符串）或删除（null）。
+ * 第 15 章：补丁还可以改变“模型看见的工具”：先按 toolsRemoved 撤掉，再按 toolsAdded 加上。
  */
 export interface SystemMessage {
   role: "system";
-  /** 允许为空字符串：只改 sections 的补丁就没有正文。 */
+  /** 允许为空字符串：只改 sections 或工具的补丁就没有正文。 */
   content: string;
   sections?: Record<string, string | null>;
+  toolsAdded?: ToolDefinition[];
+  toolsRemoved?: ToolReference[];
   timestamp: number;
 }
 
@@ -207,4 +215,84 @@ export function systemMessageText(message: SystemMessage): string {
 export function currentSystemPrompt(messages: readonly AgentMessage[]): string | undefined {
   const current = currentSystemMessage(messages);
   return current === undefined ? undefined : systemMessageText(current);
+}
+
+// ---------------------------------------------------------------------------
+// 第 15 章：工具声明也是 transcript 里的事实
+// ---------------------------------------------------------------------------
+
+/** 两份工具清单之间的差别：哪些要加上（新的或变了的），哪些要撤掉（没了的或变了的）。 */
+export interface ToolStateChanges {
+  toolsAdded: ToolDefinition[];
+  toolsRemoved: ToolReference[];
+}
+
+/**
+ * 一份与输入无关的声明副本：只留 name、description、parameters 三个键，
+ * parameters 经过一次 JSON 往返——写进 JSONL 再读回来，得到的就是这个样子。
+ */
+export function toToolDeclaration(tool: ToolDefinition): ToolDefinition {
+  return {
+    name: tool.name,
+    description: tool.description,
+    parameters: JSON.parse(JSON.stringify(tool.parameters)) as Record<string, unknown>,
+  };
+}
+
+/** 对象键按字典序排好的 JSON 文本：键的先后不影响相等。 */
+function canonicalJson(value: unknown): string {
+  if (Array.isArray(value)) return `[${value.map(canonicalJson).join(",")}]`;
+  if (typeof value === "object" && value !== null) {
+    const entries = Object.keys(value)
+      .sort()
+      .map((key) => `${JSON.stringify(key)}:${canonicalJson((value as Record<string, unknown>)[key])}`);
+    return `{${entries.join(",")}}`;
+  }
+  return JSON.stringify(value) ?? "null";
+}
+
+/** 两份声明规范化之后是否相同（与键的顺序无关）。 */
+export function declarationsEqual(left: ToolDefinition, right: ToolDefinition): boolean {
+  return canonicalJson(toToolDeclaration(left)) === canonicalJson(toToolDeclaration(right));
+}
+
+/**
+ * 重放 transcript 里所有 system 消息的工具补丁，得到模型此刻看见的工具清单。
+ * 每条消息内部先撤后加：同一条里撤掉再加上同名工具就是“重新定义”，它会排到清单末尾。
+ * 纯函数：返回的声明都是副本，与消息里的对象不共享引用。
+ */
+export function currentTools(messages: readonly AgentMessage[]): ToolDefinition[] {
+  const tools = new Map<string, ToolDefinition>();
+  for (const message of messages) {
+    if (message.role !== "system") continue;
+    for (const removed of message.toolsRemoved ?? []) tools.delete(removed.name);
+    for (const added of message.toolsAdded ?? []) {
+      // 先删再设：Map 把重新加入的名字排到最后。
+      tools.delete(added.name);
+      tools.set(added.name, toToolDeclaration(added));
+    }
+  }
+  return [...tools.values()];
+}
+
+/**
+ * 从 previous 走到 current 需要的补丁。
+ * toolsAdded：current 里新出现或内容变了的（按 current 的顺序，都是副本）；
+ * toolsRemoved：previous 里消失或内容变了的（按 previous 的顺序，只留名字）。两边相同则都为空。
+ */
+export function toolStateChanges(
+  previous: readonly ToolDefinition[],
+  current: readonly ToolDefinition[],
+): ToolStateChanges {
+  const before = new Map(previous.map((tool) => [tool.name, tool]));
+  const after = new Map(current.map((tool) => [tool.name, tool]));
+  const unchanged = (name: string): boolean => {
+    const left = before.get(name);
+    const right = after.get(name);
+    return left !== undefined && right !== undefined && declarationsEqual(left, right);
+  };
+  return {
+    toolsAdded: current.filter((tool) => !unchanged(tool.name)).map(toToolDeclaration),
+    toolsRemoved: previous.filter((tool) => !unchanged(tool.name)).map((tool) => ({ name: tool.name })),
+  };
 }
