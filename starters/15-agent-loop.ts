@@ -107,9 +107,10 @@ export async function runAgentLoop(options: AgentLoopOptions): Promise<AgentRunR
     // 在发请求之前检查取消：已经取消的运行不再消耗模型请求。
     if (options.signal?.aborted) return finish("aborted", steps - 1);
 
-    // 第 15 章：工具清单变了，先把差别写进 transcript，再发请求。
+    // >>> 已给出：每次请求之前对一次账（Lab 15.3 要写的是 declareToolChanges 本身）
     const patch = declareToolChanges(messages, options.tools);
     if (patch !== undefined) messages.push(patch);
+    // <<< 已给出
 
     const assistant = await collectModelTurn(options, messages, emit);
     messages.push(assistant);
@@ -181,12 +182,14 @@ async function collectModelTurn(
   }
 }
 
+// >>> 已给出：transcript 是否声明过工具
 /** 第 15 章：transcript 里有没有哪条 system 消息声明过工具。 */
 export function declaresTools(messages: readonly AgentMessage[]): boolean {
   return messages.some(
     (message) => message.role === "system" && (message.toolsAdded !== undefined || message.toolsRemoved !== undefined),
   );
 }
+// <<< 已给出
 
 /**
  * 第 15 章：算出下一次请求之前要追加的工具补丁；不需要补丁时返回 undefined。不改动 messages。
@@ -194,7 +197,9 @@ export function declaresTools(messages: readonly AgentMessage[]): boolean {
  * 否则把 currentTools(messages) 与 registry.definitions() 对比，只写出差别；空的一侧省略。
  */
 export function declareToolChanges(messages: readonly AgentMessage[], tools: ToolRegistry): SystemMessage | undefined {
+  // >>> 已给出：老路——全是 direct、transcript 也从没声明过工具时，循环与第 07 章一样
   if (!tools.usesExposure() && !declaresTools(messages)) return undefined;
+  // <<< 已给出
   // Lab 15.3：把 currentTools(messages) 与 tools.definitions() 对比，只在有差别时造一条补丁。
   throw new Error("Lab 15.3 declareToolChanges 尚未实现");
 }

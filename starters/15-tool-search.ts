@@ -39,6 +39,7 @@ function labError(lab: string): Error {
   return new Error(`${lab} 尚未实现`);
 }
 
+// >>> 已给出：切词与检索文档（Lab 15.4 的排名与 execute 都建立在它们之上）
 const STOP_WORDS = new Set([
   "a", "an", "and", "are", "as", "at", "be", "by", "for", "from", "in", "is", "it", "of", "on", "or", "that",
   "the", "this", "to", "with",
@@ -86,6 +87,7 @@ export function toolSearchDocument(tool: Pick<Tool, "name" | "description" | "sc
   schemaWords(tool.schema.jsonSchema, parts);
   return { name: tool.name, text: parts.filter((part) => part.trim() !== "").join(" ") };
 }
+// <<< 已给出
 
 /**
  * 按词项重合排序：查询词去重后，数一数每个文档包含几个；0 分不算命中。
@@ -93,10 +95,6 @@ export function toolSearchDocument(tool: Pick<Tool, "name" | "description" | "sc
  */
 export function rankTools(_query: string, _documents: readonly ToolSearchDocument[], _limit: number): ToolSearchMatch[] {
   throw labError("Lab 15.4 rankTools");
-}
-
-function firstLine(value: string): string {
-  return value.split("\n")[0]!.trim();
 }
 
 /**

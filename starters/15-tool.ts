@@ -169,10 +169,11 @@ export class ToolRegistry {
     for (const tool of tools) this.register(tool);
   }
 
-  /** 给出的辅助：注册表里是否只有 direct 工具（第 06–14 章的情形）。 */
+  // >>> 已给出：脚手架自己的辅助——注册表里是否只有 direct 工具（第 06–14 章的情形）。完成本章后可以删掉它。
   #allDirect(): boolean {
     return this.list().every((tool) => exposureOfTool(tool) === "direct");
   }
+  // <<< 已给出
 
   register<TParameters, TDetails>(tool: Tool<TParameters, TDetails>): void {
     // 先检查、后写入：重名时名表保持原样。
@@ -286,8 +287,9 @@ export async function executeToolCall(
   if (scope !== "model" || registry.usesExposure()) throw labError("Lab 15.1 executeToolCall scope");
   try {
     const parameters = tool.schema.parse(call.arguments);
-    // 给出的一行：工具本体晚一个微任务才开始，同批其他调用的闸门都先判定完（讲义 Lab 15.4 解释为什么）。
+    // >>> 已给出：工具本体晚一个微任务才开始，同批其他调用的闸门都先判定完（讲义 Lab 15.1 与故障练习解释为什么）
     await undefined;
+    // <<< 已给出
     // callId 写在展开之后，调用方无法用 context 覆盖它。
     const output = await tool.execute(parameters, { ...context, callId: call.id });
     return {

@@ -235,6 +235,7 @@ export interface ToolStateChanges {
   toolsRemoved: ToolReference[];
 }
 
+// >>> 已给出：声明的规范化与比较（Lab 15.2 直接用它们）
 /**
  * 一份与输入无关的声明副本：只留 name、description、parameters 三个键，
  * parameters 经过一次 JSON 往返——写进 JSONL 再读回来，得到的就是这个样子。
@@ -263,6 +264,7 @@ function canonicalJson(value: unknown): string {
 export function declarationsEqual(left: ToolDefinition, right: ToolDefinition): boolean {
   return canonicalJson(toToolDeclaration(left)) === canonicalJson(toToolDeclaration(right));
 }
+// <<< 已给出
 
 /**
  * 重放 transcript 里所有 system 消息的工具补丁，得到模型此刻看见的工具清单。

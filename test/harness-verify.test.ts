@@ -26,3 +26,16 @@ test("泄漏检查：只统计本章新增的实现行，声明与签名不算�
   const leaky = "export function save(path: string, text: string): void {\n  writeFileSync(path, normalise(text), \"utf8\");\n}\n";
   assert.deepEqual(leakedLines(parent, target, leaky), { leaked: ["writeFileSync(path, normalise(text), \"utf8\");"], total: 1 });
 });
+
+test("泄漏检查：包在“已给出”围栏里的实现行是有意交给学习者的，不算泄漏；围栏外的照样计数", () => {
+  const fenced = [
+    "// >>> 已给出：契约交给学习者的辅助函数",
+    "export function save(path: string, text: string): void {",
+    "  writeFileSync(path, normalise(text), \"utf8\");",
+    "}",
+    "// <<< 已给出",
+  ].join("\n");
+  assert.deepEqual(leakedLines(parent, target, fenced), { leaked: [], total: 1 });
+  const outside = fenced.replace("// <<< 已给出", "// <<< 已给出\nwriteFileSync(path, normalise(text), \"utf8\");");
+  assert.deepEqual(leakedLines(parent, target, outside), { leaked: ["writeFileSync(path, normalise(text), \"utf8\");"], total: 1 });
+});

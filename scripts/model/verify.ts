@@ -52,11 +52,31 @@ export function implementationLines(text: string): Set<string> {
     /=|return |await |throw |if \(|for \(|while \(|\);$/.test(line))); // `);` ends a call statement
 }
 
-/** A starter leaks when it carries a real share of the chapter's new implementation lines. */
+/** Fences around code a starter hands over on purpose (a helper the contract gives, not the lab's exercise). */
+export const GIVEN_BEGIN = "// >>> 已给出";
+export const GIVEN_END = "// <<< 已给出";
+
+/**
+ * The starter's lines outside `// >>> 已给出 …` / `// <<< 已给出` fences. Code inside a fence is handed over
+ * deliberately and visibly (the learner reads the fence too), so it is not counted as a leak; an unclosed fence
+ * runs to the end of the file, which the author sees at once because the whole file then stops counting.
+ */
+export function unfencedLines(starter: string): string[] {
+  const kept: string[] = [];
+  let inside = false;
+  for (const line of starter.split("\n").map((text) => text.trim())) {
+    if (line.startsWith(GIVEN_BEGIN)) inside = true;
+    else if (line.startsWith(GIVEN_END)) inside = false;
+    else if (!inside) kept.push(line);
+  }
+  return kept;
+}
+
+/** A starter leaks when it carries a real share of the chapter's new implementation lines (outside given fences). */
 export function leakedLines(parent: string, solution: string, starter: string): { leaked: string[]; total: number } {
   const known = implementationLines(parent);
   const fresh = [...implementationLines(solution)].filter((line) => !known.has(line));
-  const given = new Set(starter.split("\n").map((line) => line.trim()));
+  const given = new Set(unfencedLines(starter));
   return { leaked: fresh.filter((line) => given.has(line)), total: fresh.length };
 }
 
