@@ -1,8 +1,10 @@
-// npm run bench [-- --chapter NN] [--runs N] [--practice-runs N] [--verify]
+// npm run bench [-- --chapter NN] [--runs N] [--practice-runs N] [--verify] [--stream-only]
 // Measures what a learner waits for, as wall time of the whole command: the lab loop (edit a teaching file → run
 // `lab N.1` → verdict), creating a practice folder (without npm install), and optionally `npm run verify`.
 // Each is timed through npm as the learner types it and as `node scripts/launch.js …` (npm's own start-up apart).
 // Prints the medians against the targets and a breakdown of where the lab loop's time goes. Not a test.
+// First of all it runs scripts/bench-stream.ts (chapter 05's streaming assembly, 1/2/4 MB of deltas, time per MB);
+// --stream-only stops after that part.
 import { spawn } from "node:child_process";
 import os from "node:os";
 import path from "node:path";
@@ -15,7 +17,7 @@ import { PACKAGE_DIR, ROOT, inTree } from "./model/paths.js";
 import { compiledTest } from "./model/tests.js";
 import { linkNodeModules, makeTempDir } from "./model/trees.js";
 
-const USAGE = "用法：npm run bench [-- --chapter NN] [--runs N] [--practice-runs N] [--verify]";
+const USAGE = "用法：npm run bench [-- --chapter NN] [--runs N] [--practice-runs N] [--verify] [--stream-only]";
 const TARGETS = { lab: 0.8, practice: 1, verify: 600 };
 
 interface Timed { seconds: number; code: number | null; stdout: string; stderr: string }
@@ -69,6 +71,7 @@ function table(rows: string[][]): string {
 
 await main(async (args) => {
   const withVerify = takeFlag(args, "--verify");
+  const streamOnly = takeFlag(args, "--stream-only");
   const chapterArg = takeOption(args, "--chapter") ?? "13";
   const runs = positive(takeOption(args, "--runs"), "--runs", 5, 5);
   const practiceRuns = positive(takeOption(args, "--practice-runs"), "--practice-runs", 3, 3);
@@ -82,6 +85,13 @@ await main(async (args) => {
   const npm = process.platform === "win32" ? "npm.cmd" : "npm";
   const node = process.execPath;
   const launcher = path.join(ROOT, "scripts", "launch.js");
+
+  // ⓪ The teaching code's streaming cost (it runs through tsx, so it measures today's sources).
+  const stream = await timed(node, [launcher, "bench-stream"], ROOT);
+  process.stdout.write(stream.stdout + stream.stderr);
+  if (stream.code !== 0) throw new CourseError(`流式组装基准失败（退出码 ${stream.code}）`);
+  if (streamOnly) return 0;
+  console.log("");
 
   console.log(`pi-course 基准：第 ${c.id} 章 · ${c.title}`);
   console.log(`机器：${os.cpus().length} 核 · node ${process.version} · 负载 ${os.loadavg().map((l) => l.toFixed(1)).join(" / ")}`);

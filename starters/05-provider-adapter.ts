@@ -50,7 +50,16 @@ export interface OpenAICompatibleTransportOptions {
   apiKey: string;
   /** 可注入的 fetch；默认使用 globalThis.fetch。 */
   fetch?: typeof globalThis.fetch;
+  /** 一行 SSE 最多多少字节（不含换行）；超过就以 Invalid provider chunk 报错。默认 8 MiB。 */
+  maxLineBytes?: number;
+  /** 等响应头或下一块字节最多多少毫秒；超时就以错误结束，而不是永远挂着。默认 60 000。 */
+  idleTimeoutMs?: number;
 }
+
+/** maxLineBytes 的默认值：8 MiB。 */
+export const DEFAULT_MAX_LINE_BYTES = 8 * 1024 * 1024;
+/** idleTimeoutMs 的默认值：60 秒。 */
+export const DEFAULT_IDLE_TIMEOUT_MS = 60_000;
 
 /** 与 EMPTY_USAGE 是同一个值：provider 没报用量时的全零计数。 */
 export const ZERO_USAGE: Usage = EMPTY_USAGE;

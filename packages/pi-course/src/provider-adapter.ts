@@ -6,7 +6,6 @@
 //   适配器               ProviderChunk 流 → ModelEvent 流与一条最终 AssistantMessage；
 //   传输                 fetch + SSE 分帧 + 逐块校验 → ProviderChunk 流。
 // 适配器只认识 ProviderTransport 接口，所以测试可以用 fixedTransport 离线驱动它。
-import type { ReadableStreamReadResult } from "node:stream/web";
 import { AssistantMessageEventStream } from "./event-stream.js";
 import {
   assistantMessage,
@@ -63,7 +62,16 @@ export interface OpenAICompatibleTransportOptions {
   apiKey: string;
   /** 可注入的 fetch；默认使用 globalThis.fetch。 */
   fetch?: typeof globalThis.fetch;
+  /** 一行 SSE 最多多少字节（不含换行）；超过就以 Invalid provider chunk 报错。默认 8 MiB。 */
+  maxLineBytes?: number;
+  /** 等响应头或下一块字节最多多少毫秒；超时就以错误结束，而不是永远挂着。默认 60 000。 */
+  idleTimeoutMs?: number;
 }
+
+/** maxLineBytes 的默认值：8 MiB。正常的 SSE 行只有几百字节，再大的工具参数也远小于它。 */
+export const DEFAULT_MAX_LINE_BYTES = 8 * 1024 * 1024;
+/** idleTimeoutMs 的默认值：一分钟内一个字节都没到，就当 provider 已经卡死。 */
+export const DEFAULT_IDLE_TIMEOUT_MS = 60_000;
 
 /** 与 EMPTY_USAGE 是同一个值：provider 没报用量时的全零计数。 */
 export const ZERO_USAGE: Usage = EMPTY_USAGE;
@@ -158,6 +166,14 @@ function errorText(error: unknown): string {
   return error instanceof Error ? error.message : String(error);
 }
 
+/** 一个内容块的独立副本：块对象是新的，文本与原始参数字符串共用；已解析的参数对象才深拷贝。 */
+function copyBlock(block: AssistantContent): AssistantContent {
+  if (block.type === "text") return { ...block };
+  return typeof block.arguments === "object" && block.arguments !== null
+    ? { ...block, arguments: structuredClone(block.arguments) }
+    : { ...block };
+}
+
 interface ToolBuffer {
   providerIndex: number;
   contentIndex: number;
@@ -182,9 +198,11 @@ export function createOpenAICompatibleModel(options: {
       let textIndex: number | undefined;
       const tools = new Map<number, ToolBuffer>();
 
+      // 快照只复制块对象，字符串本身不可变、可以共用：每个事件的代价与块数成正比，与已到的文本长度无关。
+      // 若每次都 structuredClone 整个 content，n 个增量就要复制 O(n²) 个字符，没读走的事件也会各攥着一份全文。
       const snapshot = (stopReason: StopReason): AssistantMessage => ({
         role: "assistant",
-        content: structuredClone(content),
+        content: content.map(copyBlock),
         provider,
         model,
         usage: { ...ZERO_USAGE },
@@ -434,37 +452,59 @@ function interpretPayload(payload: string, state: PayloadState): ProviderChunk[]
   return chunks;
 }
 
-/** 等下一块字节；signal 一旦中止就立刻以 AbortError 结束等待，不依赖 body 自己报错。 */
-function readOrAbort(
-  reader: ReadableStreamDefaultReader<Uint8Array>,
-  signal: AbortSignal | undefined,
-): Promise<ReadableStreamReadResult<Uint8Array>> {
-  if (!signal) return reader.read();
-  if (signal.aborted) return Promise.reject(abortError());
-  return new Promise((resolve, reject) => {
-    const onAbort = () => reject(abortError());
-    signal.addEventListener("abort", onAbort, { once: true });
-    reader.read().then(
-      (result) => {
-        signal.removeEventListener("abort", onAbort);
-        resolve(result);
-      },
-      (error: unknown) => {
-        signal.removeEventListener("abort", onAbort);
-        reject(error);
-      },
+/** provider 在 idleTimeoutMs 内一个字节都没发：不是中止（调用方没有要求停），是错误。 */
+class IdleTimeoutError extends Error {
+  constructor(ms: number) {
+    super(`Provider sent nothing for ${ms} ms (idleTimeoutMs)`);
+  }
+}
+
+/**
+ * 等一个承诺，但有两个出口：signal 一旦中止就立刻以 AbortError 结束等待（不依赖 body 自己报错）；
+ * 等满 idleMs 还没有结果就以 IdleTimeoutError 结束。被放弃的承诺由调用方负责收尾（取消 reader）。
+ */
+function within<T>(pending: Promise<T>, signal: AbortSignal | undefined, idleMs: number): Promise<T> {
+  if (signal?.aborted) return Promise.reject(abortError());
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = () => settle(() => reject(abortError()));
+    const timer = setTimeout(() => settle(() => reject(new IdleTimeoutError(idleMs))), idleMs);
+    let settled = false;
+    function settle(action: () => void): void {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      signal?.removeEventListener("abort", onAbort);
+      action();
+    }
+    signal?.addEventListener("abort", onAbort, { once: true });
+    pending.then(
+      (value) => settle(() => resolve(value)),
+      (error: unknown) => settle(() => reject(error)),
     );
   });
+}
+
+interface SseLimits {
+  maxLineBytes: number;
+  idleTimeoutMs: number;
 }
 
 /**
  * SSE 分帧：字节可能在任意位置被切开（甚至切在一个汉字中间）。
  * 流式 TextDecoder 负责 UTF-8，行缓冲负责换行；空行把攒下的 data 行用 "\n" 连起来交出去。
+ * 两条边界：还没遇到换行的字节超过 maxLineBytes 就报错（否则一行没有尽头的数据会吃光内存）；
+ * 每次读都受 idleTimeoutMs 约束（否则发完响应头就不再说话的服务器会让我们永远等下去）。
  */
-async function* readSsePayloads(body: ReadableStream<Uint8Array>, signal: AbortSignal | undefined): AsyncGenerator<string> {
+async function* readSsePayloads(
+  body: ReadableStream<Uint8Array>,
+  signal: AbortSignal | undefined,
+  limits: SseLimits,
+): AsyncGenerator<string> {
   const reader = body.getReader();
   const decoder = new TextDecoder();
   let buffer = "";
+  let scanned = 0; // buffer 里这个位置之前已经确认没有换行，下一次只扫新来的部分。
+  let pendingBytes = 0; // 最后一个换行之后已经到了多少字节。
   let dataLines: string[] = [];
 
   function takeLine(line: string): string | undefined {
@@ -488,17 +528,26 @@ async function* readSsePayloads(body: ReadableStream<Uint8Array>, signal: AbortS
   try {
     while (true) {
       if (signal?.aborted) throw abortError();
-      const { done, value } = await readOrAbort(reader, signal);
+      const { done, value } = await within(reader.read(), signal, limits.idleTimeoutMs);
       if (signal?.aborted) throw abortError();
       if (done) break;
-      buffer += decoder.decode(value, { stream: true });
-      let newline = buffer.indexOf("\n");
-      while (newline >= 0) {
-        const payload = takeLine(buffer.slice(0, newline));
-        buffer = buffer.slice(newline + 1);
-        if (payload !== undefined) yield payload;
-        newline = buffer.indexOf("\n");
+      // 按字节计数：UTF-8 里的换行字节 0x0A 不会出现在多字节字符中间。
+      const lastNewline = value.lastIndexOf(0x0a);
+      pendingBytes = lastNewline < 0 ? pendingBytes + value.length : value.length - lastNewline - 1;
+      if (pendingBytes > limits.maxLineBytes) {
+        throw new InvalidChunkError(`SSE line exceeds maxLineBytes (${limits.maxLineBytes} bytes) without a newline`);
       }
+      buffer += decoder.decode(value, { stream: true });
+      let lineStart = 0;
+      let newline = buffer.indexOf("\n", scanned);
+      while (newline >= 0) {
+        const payload = takeLine(buffer.slice(lineStart, newline));
+        lineStart = newline + 1;
+        if (payload !== undefined) yield payload;
+        newline = buffer.indexOf("\n", lineStart);
+      }
+      buffer = buffer.slice(lineStart);
+      scanned = buffer.length;
     }
     // 流结束：冲掉解码器和行缓冲里剩下的内容，再把最后一组 data 交出去。
     buffer += decoder.decode();
@@ -514,8 +563,58 @@ async function* readSsePayloads(body: ReadableStream<Uint8Array>, signal: AbortS
   }
 }
 
+/** 错误响应体最多读这么多字节：够看清原因，又不会被一个无穷的错误体拖住。 */
+const ERROR_BODY_BYTES = 16 * 1024;
+
+async function readErrorBody(response: Response, signal: AbortSignal | undefined, idleMs: number): Promise<string> {
+  if (!response.body) return "";
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let text = "";
+  let bytes = 0;
+  try {
+    while (bytes < ERROR_BODY_BYTES) {
+      const { done, value } = await within(reader.read(), signal, idleMs);
+      if (done) break;
+      bytes += value.length;
+      text += decoder.decode(value, { stream: true });
+    }
+    return text + decoder.decode();
+  } catch (error) {
+    if (signal?.aborted || isAbortError(error)) throw error;
+    return text; // 错误体读到一半坏了：已经读到的部分照样可以用来说明原因。
+  } finally {
+    await reader.cancel().catch(() => undefined);
+    reader.releaseLock();
+  }
+}
+
+const REDACTED = "[redacted]";
+/** 任何 Bearer 凭据，不论是不是我们的密钥：回显的也可能是代理或别的服务的令牌。 */
+const BEARER_VALUE = /\bBearer\s+[^\s"'<>,;]+/gi;
+
+/**
+ * 密钥可能以几种样子出现在错误文本里：原文、URL 编码、base64 / base64url。
+ * base64 的样子取决于密钥前面有几个字节（对 3 取余），所以三种对齐各算一次，
+ * 只取完全由密钥字节决定的那一段——前后被别的字节“污染”的字符不算。
+ */
+function secretForms(apiKey: string): string[] {
+  if (apiKey === "") return [];
+  const forms = new Set<string>([apiKey, encodeURIComponent(apiKey)]);
+  const bytes = Buffer.from(apiKey, "utf8");
+  for (let shift = 0; shift < 3; shift += 1) {
+    const encoded = Buffer.concat([Buffer.alloc(shift), bytes]).toString("base64");
+    const core = encoded.slice(Math.ceil((8 * shift) / 6), Math.floor((8 * (shift + bytes.length)) / 6));
+    if (core.length < 8) continue;
+    forms.add(core);
+    forms.add(core.replace(/\+/g, "-").replace(/\//g, "_"));
+  }
+  return [...forms].sort((a, b) => b.length - a.length);
+}
+
+/** 先替换所有 Bearer 值，再替换密钥的每一种样子。必须在任何截断之前调用。 */
 function redact(message: string, apiKey: string): string {
-  return apiKey === "" ? message : message.split(apiKey).join("[redacted]");
+  return secretForms(apiKey).reduce((clean, form) => clean.split(form).join(REDACTED), message.replace(BEARER_VALUE, `Bearer ${REDACTED}`));
 }
 
 /** 非中止错误一律改造成只有消息的普通 Error：不带 cause，密钥被替换成 [redacted]。 */
@@ -529,6 +628,12 @@ function sanitizedError(error: unknown, apiKey: string): Error {
   return new Error(message === "" ? "OpenAI-compatible transport failed" : message);
 }
 
+function positiveLimit(value: number | undefined, fallback: number, name: string): number {
+  if (value === undefined) return fallback;
+  if (!Number.isSafeInteger(value) || value <= 0) throw new Error(`OpenAI-compatible ${name} must be a positive integer`);
+  return value;
+}
+
 export function createOpenAICompatibleTransport(options: OpenAICompatibleTransportOptions): ProviderTransport {
   const endpoint = `${options.baseUrl.replace(/\/+$/, "")}/chat/completions`;
   try {
@@ -537,6 +642,10 @@ export function createOpenAICompatibleTransport(options: OpenAICompatibleTranspo
     throw new Error("OpenAI-compatible baseUrl must be an absolute URL");
   }
   const apiKey = options.apiKey;
+  const limits: SseLimits = {
+    maxLineBytes: positiveLimit(options.maxLineBytes, DEFAULT_MAX_LINE_BYTES, "maxLineBytes"),
+    idleTimeoutMs: positiveLimit(options.idleTimeoutMs, DEFAULT_IDLE_TIMEOUT_MS, "idleTimeoutMs"),
+  };
 
   return {
     async *stream(request, { signal }) {
@@ -554,13 +663,20 @@ export function createOpenAICompatibleTransport(options: OpenAICompatibleTranspo
           body: JSON.stringify({ ...request, stream: true, stream_options: { include_usage: true } }),
         };
         if (signal) init.signal = signal;
-        const response = await doFetch(endpoint, init);
+        // 等响应头也受 idleTimeoutMs 约束；超时后迟到的响应体会被取消，连接不会一直挂着。
+        const pending = doFetch(endpoint, init);
+        const response = await within(pending, signal, limits.idleTimeoutMs).catch((error: unknown) => {
+          pending.then((late) => late.body?.cancel(), () => undefined).catch(() => undefined);
+          throw error;
+        });
 
         if (!response.ok) {
+          // 先脱敏、再截断：截断落在密钥中间时，剩下的半截已经认不出来，也就替换不掉了。
           let detail = "";
           try {
-            detail = (await response.text()).trim().slice(0, 200);
-          } catch {
+            detail = redact((await readErrorBody(response, signal, limits.idleTimeoutMs)).trim(), apiKey).slice(0, 200);
+          } catch (error) {
+            if (signal?.aborted || isAbortError(error)) throw error;
             detail = "";
           }
           throw new Error(`OpenAI-compatible request failed with HTTP ${response.status}${detail ? `: ${detail}` : ""}`);
@@ -568,7 +684,7 @@ export function createOpenAICompatibleTransport(options: OpenAICompatibleTranspo
         if (!response.body) throw new Error("OpenAI-compatible response has no body");
 
         const state: PayloadState = { usage: {} };
-        for await (const payload of readSsePayloads(response.body, signal)) {
+        for await (const payload of readSsePayloads(response.body, signal, limits)) {
           if (payload.trim() === "[DONE]") break;
           for (const chunk of interpretPayload(payload, state)) yield chunk;
         }

@@ -424,7 +424,34 @@ test("Lab 5.2 · 交错的工具槽按首次出现排位，每个 partial 都是
     stopReason: "toolUse",
   });
   assert.equal(Object.hasOwn(result, "errorMessage"), false);
+
+  // 独立快照不等于每次复制全文：1 000 个各 1 000 字符的增量，消费者一个事件都不读、只等 result()。
+  // 每个 partial 若各复制一份已到的全文，这些没读走的事件就要攥住约 500 MB；共用不可变的字符串只需要几 MB。
+  const piece = "0123456789".repeat(100);
+  const many: ProviderChunk[] = Array.from({ length: 1_000 }, () => ({ type: "text" as const, delta: piece }));
+  many.push({ type: "finish", reason: "stop" });
+  const heapBefore = process.memoryUsage().heapUsed;
+  const unread = createOpenAICompatibleModel({ provider: "course", model: "course-model", transport: fixedTransport(many) })
+    .stream(askContext("写一篇长文"));
+  const long = await unread.result();
+  const grownMiB = (process.memoryUsage().heapUsed - heapBefore) / 2 ** 20;
+  assert.equal(textOfFirst(long).length, 1_000 * piece.length);
+  assert.ok(grownMiB < 64, `1 000 个没读走的事件占了约 ${Math.round(grownMiB)} MiB：partial 不该各自复制一份全文`);
+  let seen = 0;
+  for await (const event of unread) {
+    if (event.type === "text_delta") {
+      seen += 1;
+      assert.equal(textOfFirst(event.partial).length, seen * piece.length, "晚读到的 partial 仍是当时的样子");
+    }
+  }
+  assert.equal(seen, 1_000);
 });
+
+function textOfFirst(message: AssistantMessage): string {
+  const block = message.content[0];
+  assert.equal(block?.type, "text");
+  return block.text;
+}
 
 test("Lab 5.2 · 传输中途抛错或请求已中止，都以 error 事件收尾并保留已到的内容", { timeout: 1_000 }, async () => {
   const broken: ProviderTransport = {
@@ -644,6 +671,24 @@ test("Lab 5.3 · 流到一半中止：最后一个事件是 aborted，partial �
   assert.equal(recorder.calls[0]!.init?.signal, controller.signal, "fetch 必须拿到调用方的同一个 signal");
   await disconnected; // 服务器确实看到连接被关掉。
   assertNoLeak(events, result);
+
+  // 没有人中止，但服务器发完响应头（或第一块）之后就不再说话：idleTimeoutMs 到了就以 error 收尾。
+  const silent = await startProvider(t, async (response, request) => {
+    openSse(response);
+    if (request.url.startsWith("/after-first")) await writePieces(response, [frame(chunk({ role: "assistant", content: "嗯" }))]);
+    else response.flushHeaders();
+  });
+  for (const [path, kept] of [["/after-headers", []], ["/after-first", [text("嗯")]]] as const) {
+    const stalled = createOpenAICompatibleTransport({ baseUrl: `${silent.origin}${path}`, apiKey: API_KEY, idleTimeoutMs: 200 });
+    const idle = await consume(
+      createOpenAICompatibleModel({ provider: "local", model: "course-model", transport: stalled }).stream(askContext("等等")),
+    );
+    assert.equal(idle.events.at(-1)!.type, "error", path);
+    assert.equal(idle.result.stopReason, "error", `${path}：超时不是调用方的中止`);
+    assert.match(idle.result.errorMessage ?? "", /idleTimeoutMs/, path);
+    assert.deepEqual(idle.result.content, kept, path);
+    assertNoLeak(idle.events, idle.result);
+  }
 });
 
 test("Lab 5.3 · 畸形负载都被拒绝为 Invalid provider chunk，之前到达的内容保留", NETWORK_TIMEOUT, async (t) => {
@@ -678,6 +723,32 @@ test("Lab 5.3 · 畸形负载都被拒绝为 Invalid provider chunk，之前到�
     assertNoLeak(events, result);
   }
   assert.equal(server.requests.length, Object.keys(cases).length);
+
+  // 一行没有换行、没有尽头的数据：超过 maxLineBytes 就报错并点名这个上限，而不是一直攒在内存里。
+  const endless = await startProvider(t, async (response, request) => {
+    openSse(response);
+    await writePieces(response, [greeting, "data: "]);
+    const block = "x".repeat(64 * 1024);
+    const total = request.url.startsWith("/small") ? 256 * 1024 : 8 * 1024 * 1024 + 64 * 1024;
+    for (let sent = 0; sent < total && !response.destroyed; sent += block.length) {
+      if (!response.write(block)) await Promise.race([once(response, "drain"), once(response, "close")]);
+    }
+    response.end();
+  });
+  const limited = [
+    { path: "/small", options: { maxLineBytes: 4096 }, cap: /maxLineBytes \(4096 bytes\)/ },
+    { path: "/default", options: {}, cap: /maxLineBytes \(8388608 bytes\)/ },
+  ];
+  for (const { path, options, cap } of limited) {
+    const transport = createOpenAICompatibleTransport({ baseUrl: `${endless.origin}${path}`, apiKey: API_KEY, ...options });
+    const model = createOpenAICompatibleModel({ provider: "local", model: "course-model", transport });
+    const { events, result } = await consume(model.stream(askContext("说个没完")));
+    assert.equal(result.stopReason, "error", path);
+    assert.match(result.errorMessage ?? "", /Invalid provider chunk/, path);
+    assert.match(result.errorMessage ?? "", cap, path);
+    assert.deepEqual(result.content, [text("你好")], path);
+    assertNoLeak(events, result);
+  }
 });
 
 test("Lab 5.3 · 不支持的 finish_reason 报错且不泄漏密钥", NETWORK_TIMEOUT, async (t) => {
@@ -825,4 +896,67 @@ test("Lab 5.4 · fetch 失败和 HTTP 错误里的密钥都被替换成 [redacte
   assert.match(denied.result.errorMessage ?? "", /\[redacted\]/);
 
   assertNoLeak(thrown, failed.events, failed.result, denied.events, denied.result);
+
+  // 错误体只保留前 200 个字符：密钥跨在截断点上时，先截断再脱敏会漏出半截密钥。
+  // 把回显的密钥（原文、Bearer 值、base64、base64url、URL 编码）放在截断点附近的每一个位置，
+  // 错误消息、抛出的错误和每个事件里都不能出现密钥（或它的编码）任何连续 8 个字符。
+  const oddKey = "sk-05+course/ODD=key?7f3a9c&x";
+  const echoesFor = (key: string): string[] => {
+    const bytes = Buffer.from(key, "utf8");
+    return [
+      `Authorization: Bearer ${key}`,
+      `key=${key}`,
+      `token=${encodeURIComponent(key)}`,
+      `basic=${Buffer.from(`user:${key}`).toString("base64")}`,
+      `raw=${bytes.toString("base64")}`,
+      `url=${Buffer.from(`ab${key}`).toString("base64url")}`,
+    ];
+  };
+  const fragments = (form: string): string[] => Array.from({ length: form.length - 7 }, (_, i) => form.slice(i, i + 8));
+  for (const key of [API_KEY, oddKey]) {
+    const bytes = Buffer.from(key, "utf8");
+    const forbidden = new Set([
+      ...fragments(key),
+      ...fragments(encodeURIComponent(key)),
+      ...[0, 1, 2].flatMap((shift) => {
+        const core = Buffer.concat([Buffer.alloc(shift), bytes]).toString("base64").slice(3, -3);
+        return [...fragments(core), ...fragments(core.replace(/\+/g, "-").replace(/\//g, "_"))];
+      }),
+    ]);
+    for (const echo of echoesFor(key)) {
+      for (let offset = 150; offset <= 205; offset += 1) {
+        const body = `${"e".repeat(offset)}${echo} trailing`;
+        const echoing: typeof fetch = async () => new Response(body, { status: 500 });
+        const transport = createOpenAICompatibleTransport({ baseUrl: "https://provider.invalid/v1", apiKey: key, fetch: echoing });
+        const error = await (async () => {
+          try {
+            for await (const _chunk of transport.stream({ model: "m", messages: [] }, {})) {
+              // 不会走到这里
+            }
+          } catch (caught) {
+            return caught;
+          }
+          return undefined;
+        })();
+        assert.ok(error instanceof Error, "HTTP 500 应当抛出 Error");
+        const model = createOpenAICompatibleModel({ provider: "local", model: "course-model", transport });
+        const seen = await consume(model.stream(askContext("你好")));
+        assert.match(seen.result.errorMessage ?? "", /HTTP 500/);
+        // 只看消息本身：stack 里还有文件路径（例如 /tmp/pi-course-…），与密钥的片段无关。
+        const visible = [error.message, JSON.stringify(seen.events), JSON.stringify(seen.result)].join("\n");
+        for (const fragment of forbidden) {
+          assert.equal(visible.includes(fragment), false, `偏移 ${offset} 的回显 ${echo.slice(0, 12)}… 漏出了片段 ${fragment}`);
+        }
+      }
+    }
+  }
+
+  // 不是我们的密钥，但同样是 Bearer 凭据（例如代理回显了别人的令牌）：一样替换掉。
+  const foreign = createOpenAICompatibleTransport({
+    baseUrl: "https://provider.invalid/v1",
+    apiKey: API_KEY,
+    fetch: async () => new Response("upstream said: Bearer tok-upstream-91c2e7aa invalid", { status: 502 }),
+  });
+  const relayed = await consume(createOpenAICompatibleModel({ provider: "local", model: "course-model", transport: foreign }).stream(askContext("你好")));
+  assert.match(relayed.result.errorMessage ?? "", /HTTP 502: upstream said: Bearer \[redacted\] invalid/);
 });
