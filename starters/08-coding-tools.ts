@@ -34,6 +34,8 @@ export interface CodingToolsOptions {
   maxBashOutputBytes?: number;
   /** bash 的超时毫秒数，默认 30_000。 */
   bashTimeoutMs?: number;
+  /** bash 默认去掉名字含 KEY、TOKEN、SECRET、PASSWORD、CREDENTIAL（不分大小写）的环境变量；这里点名的例外。 */
+  bashEnvAllowList?: readonly string[];
 }
 
 export interface ReadDetails {
@@ -63,6 +65,8 @@ export interface BashDetails {
   timedOut: boolean;
   aborted: boolean;
   truncated: boolean;
+  /** 进程组结束后仍有进程拿着输出管道（脱离了进程组的后代）：它可能还在运行。只在发生时出现。 */
+  detachedMayRemain?: true;
 }
 
 function labError(lab: string): Error {
@@ -89,6 +93,7 @@ interface Settings {
   maxReadLines: number;
   maxBashOutputBytes: number;
   bashTimeoutMs: number;
+  bashEnvAllowList: readonly string[];
 }
 
 export function createCodingTools(input: CodingToolsOptions): ToolRegistry {
@@ -99,6 +104,7 @@ export function createCodingTools(input: CodingToolsOptions): ToolRegistry {
     maxReadLines: input.maxReadLines ?? 240,
     maxBashOutputBytes: input.maxBashOutputBytes ?? 96_000,
     bashTimeoutMs: input.bashTimeoutMs ?? 30_000,
+    bashEnvAllowList: [...(input.bashEnvAllowList ?? [])],
   };
   const registry = new ToolRegistry();
   registry.register(readTool(settings));

@@ -2,13 +2,15 @@
 //
 // 这四个工具让循环真正碰到文件系统和子进程，所以每一个都带着一条边界：
 // - read 有行数上限与字节上限，超出时给出可以续读的提示，绝不截半行；
-// - write 与 edit 先过路径边界，再进同一个修改队列，用“临时文件 + rename”一次写回；
+// - write 与 edit 先过路径边界，再按真实路径进同一个修改队列，用“临时文件 + rename”一次写回；
+// - 边界检查两次：打开之前看路径，打开之后再看内核真正打开的是哪个文件或目录（挡住检查与使用之间被换掉的链接）；
 // - edit 先在内存里验证整批精确匹配，全部成功才落盘，失败时文件一字节不变；
-// - bash 在 workspace 里启动子进程，有超时、可取消、输出有字节上限，结束时清理整个进程组。
+// - bash 在 workspace 里启动子进程，环境里不带密钥，有超时、可取消、输出有字节上限，结束时清理整个进程组。
 
 import { spawn, type ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { mkdir, readFile, realpath, rename, rm, writeFile } from "node:fs/promises";
+import { constants } from "node:fs";
+import { mkdir, open, readlink, realpath, rename, rm, writeFile, type FileHandle } from "node:fs/promises";
 import path from "node:path";
 
 import {
@@ -38,6 +40,11 @@ export interface CodingToolsOptions {
   maxBashOutputBytes?: number;
   /** bash 的超时毫秒数，默认 30_000。 */
   bashTimeoutMs?: number;
+  /**
+   * bash 默认不把名字里含 KEY、TOKEN、SECRET、PASSWORD、CREDENTIAL（不分大小写）的环境变量交给命令；
+   * 这里点名的变量例外，照常传下去。
+   */
+  bashEnvAllowList?: readonly string[];
 }
 
 export interface ReadDetails {
@@ -67,10 +74,12 @@ export interface BashDetails {
   timedOut: boolean;
   aborted: boolean;
   truncated: boolean;
+  /** 进程组结束后仍有进程拿着输出管道（脱离了进程组的后代）：它可能还在运行。只在发生时出现。 */
+  detachedMayRemain?: true;
 }
 
 /**
- * 按 key（文件的词法绝对路径）串行化修改操作。
+ * 按 key 串行化修改操作（工具用文件的真实路径作 key：两种拼法指向同一个文件时也排同一队）。
  * 同一个 key：前一个操作结束（无论成功或失败）后，下一个才开始，顺序与调用顺序一致；
  * 不同 key 互不等待。run 返回的就是操作自己的结果或错误。
  */
@@ -103,6 +112,7 @@ interface Settings {
   maxReadLines: number;
   maxBashOutputBytes: number;
   bashTimeoutMs: number;
+  bashEnvAllowList: readonly string[];
 }
 
 export function createCodingTools(input: CodingToolsOptions): ToolRegistry {
@@ -113,6 +123,7 @@ export function createCodingTools(input: CodingToolsOptions): ToolRegistry {
     maxReadLines: input.maxReadLines ?? 240,
     maxBashOutputBytes: input.maxBashOutputBytes ?? 96_000,
     bashTimeoutMs: input.bashTimeoutMs ?? 30_000,
+    bashEnvAllowList: [...(input.bashEnvAllowList ?? [])],
   };
   const registry = new ToolRegistry();
   registry.register(readTool(settings));
@@ -163,6 +174,118 @@ async function realpathOfNearestAncestor(target: string): Promise<string> {
   }
 }
 
+/**
+ * 修改队列的 key：最近的已存在祖先的真实路径，再接上还不存在的那几段。
+ * `sub/f.txt` 与指向 sub 的 `link/f.txt` 得到同一个 key，两次 edit 就不会各读一份旧内容、互相覆盖。
+ */
+async function queueKey(resolved: string): Promise<string> {
+  let existing = resolved;
+  const missing: string[] = [];
+  while (true) {
+    try {
+      return path.join(await realpath(existing), ...missing);
+    } catch {
+      const parent = path.dirname(existing);
+      if (parent === existing) return resolved;
+      missing.unshift(path.basename(existing));
+      existing = parent;
+    }
+  }
+}
+
+const DIRECTORY_FLAGS = constants.O_RDONLY | (constants.O_DIRECTORY ?? 0);
+/** 只读打开且不阻塞：命名管道（FIFO）不会把 open 卡住，打开后再按类型拒绝。 */
+const READ_FLAGS = constants.O_RDONLY | (constants.O_NONBLOCK ?? 0);
+
+/**
+ * 内核真正打开的是哪个文件：Linux 上读 /proc/self/fd/<fd>（不再经过路径名），别处退回 realpath(路径)。
+ * 路径检查与打开之间若有人把目录换成了符号链接，这里看到的是换过之后的真相。
+ */
+async function openedRealPath(handle: FileHandle, fallback: string): Promise<string> {
+  if (process.platform === "linux") {
+    try {
+      return await readlink(`/proc/self/fd/${handle.fd}`);
+    } catch {
+      // 没有 /proc：退回路径名。
+    }
+  }
+  return realpath(fallback);
+}
+
+/** 已打开目录里的一个名字：Linux 上经由目录的 fd 拼路径，名字就钉在这个已验证的目录里。 */
+function entryOf(directory: OpenDirectory, name: string): string {
+  return process.platform === "linux" && directory.handle !== undefined
+    ? `/proc/self/fd/${directory.handle.fd}/${name}`
+    : path.join(directory.real, name);
+}
+
+interface OpenDirectory {
+  /** unrestricted 模式不打开目录，只用路径名。 */
+  handle?: FileHandle;
+  real: string;
+}
+
+/** 事后检查：打开的东西不在 workspace 的真实根目录里就拒绝（错误文字与事前检查相同）。 */
+async function assertOpenedInside(settings: Settings, real: string, input: string): Promise<void> {
+  if (settings.containment === "unrestricted") return;
+  const realRoot = await realpath(settings.cwd);
+  if (!isInside(realRoot, real)) throw new Error(`符号链接越过教学 workspace：${input}`);
+}
+
+/**
+ * 打开一个文件来读，并确认打开的确实是 workspace 里的普通文件。
+ * 先 open、再看 fd 指向哪里：检查的对象就是之后要读的对象，中间没有空档。
+ */
+async function openForRead(settings: Settings, resolved: string, input: string): Promise<FileHandle> {
+  const handle = await open(resolved, READ_FLAGS);
+  try {
+    await assertOpenedInside(settings, await openedRealPath(handle, resolved), input);
+    if (!(await handle.stat()).isFile()) throw new Error(`不是普通文件：${input}`);
+    return handle;
+  } catch (error) {
+    await handle.close().catch(() => undefined);
+    throw error;
+  }
+}
+
+/**
+ * 从 workspace 根开始一级一级打开（必要时创建）目标的父目录，每打开一级就确认它的真实位置仍在根目录里。
+ * 每一级都在上一级已验证的目录里创建和打开，所以中途被换成链接的目录不会让 mkdir 在外面建出东西。
+ */
+async function openParentDirectory(settings: Settings, target: string, input: string): Promise<OpenDirectory> {
+  if (settings.containment === "unrestricted") {
+    await mkdir(path.dirname(target), { recursive: true });
+    return { real: path.dirname(target) };
+  }
+  const start = settings.cwd;
+  const parts = path.relative(start, path.dirname(target)).split(path.sep).filter((part) => part !== "");
+  let handle = await open(start, DIRECTORY_FLAGS);
+  try {
+    let directory: OpenDirectory = { handle, real: await openedRealPath(handle, start) };
+    await assertOpenedInside(settings, directory.real, input);
+    for (const part of parts) {
+      const next = entryOf(directory, part);
+      await mkdir(next).catch((error: NodeJS.ErrnoException) => {
+        if (error.code !== "EEXIST") throw error;
+      });
+      const child = await open(next, DIRECTORY_FLAGS);
+      await handle.close();
+      handle = child;
+      directory = { handle, real: await openedRealPath(handle, path.join(directory.real, part)) };
+      await assertOpenedInside(settings, directory.real, input);
+    }
+    return directory;
+  } catch (error) {
+    await handle.close().catch(() => undefined);
+    throw error;
+  }
+}
+
+/** 写入目标不能是 workspace 根目录本身（`.`、空路径）：在建任何临时文件之前就拒绝。 */
+function refuseRoot(settings: Settings, resolved: string, input: string): void {
+  if (resolved === settings.cwd) throw new Error(`不能写入 workspace 根目录本身：${input}`);
+}
+
 // ---------------------------------------------------------------------------
 // read
 // ---------------------------------------------------------------------------
@@ -174,7 +297,8 @@ function readTool(settings: Settings): Tool<{ path: string; offset?: number; lim
     schema: objectSchema({ path: stringValue, offset: optionalPositiveInteger, limit: optionalPositiveInteger }),
     async execute(parameters) {
       const resolved = await resolveToolPath(settings, parameters.path);
-      const content = await readFile(resolved, "utf8");
+      const handle = await openForRead(settings, resolved, parameters.path);
+      const content = await handle.readFile("utf8").finally(() => handle.close());
       const lines = content.split("\n");
       const total = lines.length;
       const start = parameters.offset ?? 1;
@@ -232,8 +356,9 @@ function writeTool(settings: Settings): Tool<{ path: string; content: string }, 
     schema: objectSchema({ path: stringValue, content: stringValue }),
     async execute(parameters) {
       const resolved = await resolveToolPath(settings, parameters.path);
-      return defaultQueue.run(resolved, async (): Promise<ToolOutput<WriteDetails>> => {
-        await atomicWrite(resolved, parameters.content);
+      refuseRoot(settings, resolved, parameters.path);
+      return defaultQueue.run(await queueKey(resolved), async (): Promise<ToolOutput<WriteDetails>> => {
+        await atomicWrite(settings, resolved, parameters.content, parameters.path);
         const bytes = Buffer.byteLength(parameters.content, "utf8");
         return { content: [text(`已写入 ${bytes} bytes`)], details: { path: resolved, bytes } };
       });
@@ -245,15 +370,19 @@ function writeTool(settings: Settings): Tool<{ path: string; content: string }, 
  * 先把完整内容写进同目录的临时文件，再 rename 到目标上。
  * rename 替换的是目录项：读者要么看到旧文件，要么看到新文件，看不到写了一半的内容；
  * 指向旧文件的硬链接仍保留旧内容。无论成败，临时文件都会被清理。
+ * 临时文件建在已经打开并验证过的父目录里（经由它的 fd），rename 也在那里完成：
+ * 验证之后有人把某一级目录换成指向外面的链接，写入也落不到外面去。
  */
-async function atomicWrite(target: string, content: string): Promise<void> {
-  await mkdir(path.dirname(target), { recursive: true });
-  const temporary = `${target}.pi-tmp-${process.pid}-${Date.now()}-${randomBytes(4).toString("hex")}`;
+async function atomicWrite(settings: Settings, target: string, content: string, input: string): Promise<void> {
+  const directory = await openParentDirectory(settings, target, input);
+  const name = path.basename(target);
+  const temporary = entryOf(directory, `${name}.pi-tmp-${process.pid}-${Date.now()}-${randomBytes(4).toString("hex")}`);
   try {
-    await writeFile(temporary, content, "utf8");
-    await rename(temporary, target);
+    await writeFile(temporary, content, { encoding: "utf8", flag: "wx" });
+    await rename(temporary, entryOf(directory, name));
   } finally {
     await rm(temporary, { force: true }).catch(() => undefined);
+    await directory.handle?.close().catch(() => undefined);
   }
 }
 
@@ -318,13 +447,15 @@ function editTool(settings: Settings): Tool<EditParameters, EditDetails> {
     schema: editSchema,
     async execute(parameters) {
       const resolved = await resolveToolPath(settings, parameters.path);
-      return defaultQueue.run(resolved, async (): Promise<ToolOutput<EditDetails>> => {
-        const original = await readFile(resolved, "utf8");
+      refuseRoot(settings, resolved, parameters.path);
+      return defaultQueue.run(await queueKey(resolved), async (): Promise<ToolOutput<EditDetails>> => {
+        const handle = await openForRead(settings, resolved, parameters.path);
+        const original = await handle.readFile("utf8").finally(() => handle.close());
         let updated = original;
         for (const [index, edit] of parameters.edits.entries()) {
           updated = replaceExactlyOnce(updated, edit, index);
         }
-        await atomicWrite(resolved, updated);
+        await atomicWrite(settings, resolved, updated, parameters.path);
         const count = parameters.edits.length;
         return {
           content: [text(`已完成 ${count} 处精确替换`)],
@@ -360,6 +491,23 @@ const PATH_GUARDRAIL = /(^|[\s;&|])(?:\/|~\/|\.\.\/)/;
 const TRUNCATION_NOTE = "\n… [输出已截断]";
 /** SIGTERM 之后再等多久补一个 SIGKILL。 */
 const KILL_GRACE_MS = 100;
+/** 进程组被 SIGKILL 之后，再给输出管道多少毫秒把剩下的字节交完；之后就不再等它们关闭。 */
+const PIPE_DRAIN_MS = 200;
+const DETACHED_NOTE = "\n[进程组已结束，但还有进程拿着输出管道（可能是用 setsid、nohup 等脱离了进程组的后代），它可能仍在运行]";
+/** 名字里带这些词的环境变量默认不交给命令：它们多半是密钥。 */
+const SECRET_ENV_NAME = /KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL/i;
+
+/** 子进程拿到的环境：去掉看起来像密钥的变量，allowList 里点名的除外。 */
+function scrubbedEnvironment(source: NodeJS.ProcessEnv, allowList: readonly string[] = []): NodeJS.ProcessEnv {
+  const allowed = new Set(allowList);
+  const env: NodeJS.ProcessEnv = {};
+  for (const [name, value] of Object.entries(source)) {
+    if (value === undefined) continue;
+    if (SECRET_ENV_NAME.test(name) && !allowed.has(name)) continue;
+    env[name] = value;
+  }
+  return env;
+}
 
 function bashTool(settings: Settings): Tool<{ command: string }, BashDetails> {
   return {
@@ -396,11 +544,12 @@ async function runCommand(
   let timedOut = false;
   let aborted = false;
   let killStep: Promise<void> | undefined;
+  let detachedMayRemain = false;
 
   const child = spawn(command, {
     shell: true,
     cwd: settings.cwd,
-    env: process.env,
+    env: scrubbedEnvironment(process.env, settings.bashEnvAllowList),
     // 非 Windows 上让子进程自成一个进程组，结束时才能连同它的后代一起清理。
     detached: process.platform !== "win32",
     stdio: ["ignore", "pipe", "pipe"],
@@ -418,6 +567,20 @@ async function runCommand(
   child.stdout?.on("data", collect);
   child.stderr?.on("data", collect);
 
+  // 平常等 close：进程退出且两条管道都读空。但用 setsid 等脱离了进程组的后代不会被整组信号杀掉，
+  // 它继承的管道会一直开着，close 就永远不来。所以一旦发过终止信号，等子进程自己 exit、SIGKILL 也发完，
+  // 再给管道一小段时间交完剩下的字节，就不再等了：报告已经读到的输出，并说明可能有进程留了下来。
+  const exited = new Promise<number | null>((resolve) => child.once("exit", (code: number | null) => resolve(code)));
+  const closed = new Promise<number | null>((resolve, reject) => {
+    child.once("error", reject);
+    child.once("close", (code: number | null) => resolve(code));
+  });
+  let letGo!: () => void;
+  const gaveUp = new Promise<"gave-up">((resolve) => {
+    letGo = () => resolve("gave-up");
+  });
+  let drainTimer: NodeJS.Timeout | undefined;
+
   // 超时和取消都走这里；重复请求共用同一次“先 SIGTERM、稍后 SIGKILL”。
   const terminate = (why: "timeout" | "abort"): void => {
     if (killStep !== undefined) return;
@@ -430,6 +593,9 @@ async function runCommand(
         resolve();
       }, KILL_GRACE_MS);
     });
+    void Promise.all([exited, killStep]).then(() => {
+      drainTimer = setTimeout(letGo, PIPE_DRAIN_MS);
+    });
   };
   const onAbort = (): void => terminate("abort");
   const timer = setTimeout(() => terminate("timeout"), settings.bashTimeoutMs);
@@ -437,24 +603,35 @@ async function runCommand(
 
   let exitCode: number | null;
   try {
-    exitCode = await new Promise<number | null>((resolve, reject) => {
-      child.once("error", reject);
-      child.once("close", (code: number | null) => resolve(code));
-    });
+    const outcome = await Promise.race([closed, gaveUp]);
+    if (outcome === "gave-up") {
+      detachedMayRemain = true;
+      child.stdout?.destroy();
+      child.stderr?.destroy();
+      exitCode = await exited;
+    } else {
+      exitCode = outcome;
+    }
     // 子进程关闭了，但忽略 SIGTERM 的后代可能还活着：等延迟的 SIGKILL 也发完再返回。
     if (killStep !== undefined) await killStep;
   } finally {
     clearTimeout(timer);
+    clearTimeout(drainTimer);
     signal?.removeEventListener("abort", onAbort);
   }
 
   const capture = Buffer.concat(captured);
   let output = truncated ? truncateWithNote(capture, budget) : capture.toString("utf8");
   if (output === "") output = exitCode === null ? "(exit signal)" : `(exit ${exitCode})`;
+  const details: BashDetails = { command, exitCode, timedOut, aborted, truncated };
+  if (detachedMayRemain) {
+    output += DETACHED_NOTE;
+    details.detachedMayRemain = true;
+  }
 
   return {
     content: [text(output)],
-    details: { command, exitCode, timedOut, aborted, truncated },
+    details,
     isError: exitCode !== 0 || timedOut || aborted,
   };
 }

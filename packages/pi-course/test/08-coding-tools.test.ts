@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { existsSync } from "node:fs";
-import { link, mkdir, mkdtemp, readdir, readFile, realpath, rm, stat, symlink, writeFile } from "node:fs/promises";
+import { link, mkdir, mkdtemp, readdir, readFile, realpath, rename, rm, stat, symlink, unlink, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import test, { type TestContext } from "node:test";
@@ -218,6 +218,53 @@ test("Lab 8.2 · workspace 拒绝词法越界和经由符号链接的逃逸，�
   const inside = await run(registry, "read", { path: "docs-link/note.txt" });
   assert.equal(expectOk(inside), "   1│ inside");
   assert.equal(detailsOf<ReadDetails>(inside).path, path.join(root, "docs-link", "note.txt"));
+
+  // 写 workspace 根目录本身（`.` 或根的绝对路径）：在建任何临时文件之前就拒绝，根目录外面什么也不出现。
+  const besideRoot = async () => (await readdir(path.dirname(root))).filter((name) => name.startsWith(`${path.basename(root)}.`));
+  for (const target of [".", root, ""]) {
+    expectError(await run(registry, "write", { path: target, content: "x" }), /不能写入 workspace 根目录本身/);
+  }
+  assert.deepEqual(await besideRoot(), []);
+
+  // 检查与使用之间有空档：另一个任务不停地把 racing 这个链接在“指向里面的目录”和“指向外面的目录”之间切换
+  // （先建新链接再 rename 覆盖，racing 始终存在）。边界必须核对真正打开的那个文件或目录：
+  // 读不到外面的内容，写（含新建子目录与临时文件）也落不到外面。
+  const far = await workspace(t, "outside-race");
+  await writeFile(path.join(far, "note.txt"), "outside");
+  const home = path.join(root, "racing-home");
+  await mkdir(home);
+  await writeFile(path.join(home, "note.txt"), "inside");
+  const racing = path.join(root, "racing");
+  await symlink(home, racing);
+  let flipping = true;
+  const flipper = (async () => {
+    for (let flip = 0; flipping; flip += 1) {
+      const next = path.join(root, `racing-next-${flip}`);
+      await symlink(flip % 2 === 0 ? far : home, next);
+      await rename(next, racing);
+      await new Promise((resolve) => setImmediate(resolve));
+    }
+    await rename(racing, path.join(root, "racing-done")); // 结束时让链接停在里面也无妨；这里直接挪开。
+  })();
+  let escapedReads = 0;
+  try {
+    for (let round = 0; round < 150; round += 1) {
+      const results = await Promise.all([
+        run(registry, "read", { path: "racing/note.txt" }),
+        run(registry, "read", { path: "racing/note.txt" }),
+        run(registry, "write", { path: `racing/w-${round}.txt`, content: "w" }),
+        run(registry, "write", { path: `racing/deep-${round}/w.txt`, content: "w" }),
+        run(registry, "edit", { path: "racing/note.txt", oldText: "inside", newText: "inside" }),
+      ]);
+      for (const result of results) if (!result.isError && outputOf(result).includes("outside")) escapedReads += 1;
+    }
+  } finally {
+    flipping = false;
+    await flipper;
+  }
+  assert.equal(escapedReads, 0, `有 ${escapedReads} 次读到了 workspace 外面的文件`);
+  assert.deepEqual(await readdir(far), ["note.txt"], "写入或新建目录落到了 workspace 外面");
+  assert.equal(await readFile(path.join(far, "note.txt"), "utf8"), "outside");
 });
 
 // ---------------------------------------------------------------------------
@@ -252,9 +299,10 @@ test("Lab 8.3 · write 原子替换目录项，覆盖目录时失败且不留临
   assert.equal((await stat(directory)).isDirectory(), true);
   assert.equal(await readFile(path.join(directory, "keep.txt"), "utf8"), "keep");
 
+  const real = await realpath(root);
   assert.deepEqual(
     runs.map((entry) => entry.key),
-    [file, file, directory],
+    [file, file, directory].map((lexical) => path.join(real, path.relative(root, lexical))),
   );
   assert.ok(runs.every((entry) => entry.queue === runs[0].queue), "write 必须共用同一个队列实例");
   assert.deepEqual(await leftoverTemporaries(root), []);
@@ -333,11 +381,29 @@ test("Lab 8.4 · 一批有先后依赖的精确替换一次写回，newText 为�
   expectOk(single);
   assert.equal(await readFile(file, "utf8"), "完成\n");
 
+  const realFile = path.join(await realpath(root), "status.txt");
   assert.deepEqual(
     runs.map((entry) => entry.key),
-    [file, file, file],
+    [realFile, realFile, realFile],
   );
   assert.ok(runs.every((entry) => entry.queue === runs[0].queue), "edit 必须共用同一个队列实例");
+
+  // 同一个文件的两种拼法（sub/f.txt 与指向 sub 的 link/f.txt）：队列按真实路径排队，两次并发 edit 都留下来。
+  await mkdir(path.join(root, "sub"));
+  await symlink(path.join(root, "sub"), path.join(root, "link"));
+  const shared = path.join(root, "sub", "f.txt");
+  for (let round = 0; round < 20; round += 1) {
+    await writeFile(shared, "one two\n");
+    const [first, second] = await Promise.all([
+      run(registry, "edit", { path: "sub/f.txt", oldText: "one", newText: "1" }),
+      run(registry, "edit", { path: "link/f.txt", oldText: "two", newText: "2" }),
+    ]);
+    expectOk(first);
+    expectOk(second);
+    assert.equal(await readFile(shared, "utf8"), "1 2\n", `第 ${round} 轮：两次 edit 都报告成功，却丢了一次修改`);
+  }
+  const realShared = path.join(await realpath(root), "sub", "f.txt");
+  assert.ok(runs.slice(3).every((entry) => entry.key === realShared), "两种拼法必须排进同一个 key");
   assert.deepEqual(await leftoverTemporaries(root), []);
 });
 
@@ -402,6 +468,32 @@ test("Lab 8.5 · bash 在 workspace 里运行，保留退出码，guardrail 拦�
   expectError(await run(registry, "bash", { command: `printf x > ${absoluteTarget}` }), /guardrail/);
   assert.equal(existsSync(path.join(path.dirname(root), escapeName)), false);
   assert.equal(existsSync(absoluteTarget), false);
+
+  // 命令拿不到看起来像密钥的环境变量（名字含 KEY、TOKEN、SECRET、PASSWORD、CREDENTIAL），除非 allow-list 点名。
+  const planted = {
+    FAKE_PROVIDER_API_KEY: "sk-env-leak-1",
+    GITHUB_TOKEN: "ghp-env-leak-2",
+    db_password: "pw-env-leak-3",
+    AWS_SECRET_ACCESS_KEY: "aws-env-leak-4",
+    GOOGLE_CREDENTIALS: "gc-env-leak-5",
+    PI_COURSE_VISIBLE: "plain-value",
+  };
+  const saved = Object.fromEntries(Object.keys(planted).map((name) => [name, process.env[name]]));
+  Object.assign(process.env, planted);
+  t.after(() => {
+    for (const [name, value] of Object.entries(saved)) {
+      if (value === undefined) delete process.env[name];
+      else process.env[name] = value;
+    }
+  });
+  const listing = expectOk(await run(registry, "bash", { command: "env" }));
+  for (const [name, value] of Object.entries(planted)) {
+    assert.equal(listing.includes(value), name === "PI_COURSE_VISIBLE", `${name} 不该${name === "PI_COURSE_VISIBLE" ? "被去掉" : "交给命令"}`);
+  }
+  const echoed = expectOk(await run(registry, "bash", { command: "printf '[%s]' \"$FAKE_PROVIDER_API_KEY\"" }));
+  assert.equal(echoed, "[]");
+  const allowed = tools(root, { bashEnvAllowList: ["GITHUB_TOKEN"] });
+  assert.equal(expectOk(await run(allowed, "bash", { command: "printf '[%s|%s]' \"$GITHUB_TOKEN\" \"$FAKE_PROVIDER_API_KEY\"" })), "[ghp-env-leak-2|]");
 });
 
 test("Lab 8.5 · 预先取消的 signal：不启动命令，直接返回 aborted", async (t) => {
@@ -487,6 +579,57 @@ test("Lab 8.5 · 超时与取消都结束整个进程组，连忽略 SIGTERM 的
   const groupResult = await grouped;
   assert.equal(bashDetails(groupResult).aborted, true, outputOf(groupResult));
   assert.equal(existsSync(path.join(root, "late.txt")), false, "忽略 SIGTERM 的孙进程必须被整组 SIGKILL 清理");
+  assert.equal(bashDetails(groupResult).detachedMayRemain, undefined, "整组 SIGKILL 之后不该还有进程拿着输出管道");
+
+  // 用 setsid 离开进程组的后代拿着输出管道不放：整组信号够不着它。超时或取消之后不能一直等管道关闭，
+  // 要带着已经读到的输出返回，并说明可能有进程留了下来——返回时那个后代确实还活着。
+  const detachedCommand = (pidFile: string) =>
+    `printf 'before\n'; setsid sh -c 'echo $$ > ${pidFile}; exec sleep 30' & while [ ! -s ${pidFile} ]; do sleep 0.01; done; sleep 30`;
+  const cleanup: number[] = [];
+  t.after(() => {
+    for (const pid of cleanup) {
+      try {
+        process.kill(pid, "SIGKILL");
+      } catch {
+        // 已经不在了。
+      }
+    }
+  });
+  const readPid = async (name: string): Promise<number> => {
+    for (let attempt = 0; attempt < 400; attempt += 1) {
+      const content = existsSync(path.join(root, name)) ? await readFile(path.join(root, name), "utf8") : "";
+      if (/^\d+\n$/.test(content) && Number(content) > 1) return Number(content);
+      await new Promise((resolve) => setTimeout(resolve, 5));
+    }
+    throw new Error(`等待 ${name} 里的 pid 超时`);
+  };
+  const alive = (pid: number): boolean => {
+    try {
+      process.kill(pid, 0);
+      return true;
+    } catch {
+      return false;
+    }
+  };
+  const detachedTimeout = await run(tools(root, { bashTimeoutMs: 1_000 }), "bash", { command: detachedCommand("detached-a.pid") });
+  const pidA = await readPid("detached-a.pid");
+  cleanup.push(pidA);
+  assert.equal(alive(pidA), true, "测试前提：脱离进程组的后代在返回时仍然活着");
+  assert.equal(bashDetails(detachedTimeout).timedOut, true, outputOf(detachedTimeout));
+  assert.equal(bashDetails(detachedTimeout).detachedMayRemain, true);
+  assert.match(outputOf(detachedTimeout), /^before\n/);
+  assert.match(outputOf(detachedTimeout), /可能仍在运行/);
+
+  const detachedController = new AbortController();
+  const detachedPending = run(tools(root), "bash", { command: detachedCommand("detached-b.pid") }, detachedController.signal);
+  const pidB = await readPid("detached-b.pid");
+  cleanup.push(pidB);
+  detachedController.abort();
+  const detachedAbort = await detachedPending;
+  assert.equal(alive(pidB), true, "测试前提：脱离进程组的后代在返回时仍然活着");
+  assert.equal(bashDetails(detachedAbort).aborted, true, outputOf(detachedAbort));
+  assert.equal(bashDetails(detachedAbort).detachedMayRemain, true);
+  assert.match(outputOf(detachedAbort), /可能仍在运行/);
 });
 
 // ---------------------------------------------------------------------------
