@@ -1,10 +1,10 @@
 // npm run checkpoint -w @pi/course -- [NN] [--diff] [--checkout DIR]
 // Prints the checkpoint card (ids, files, labs, first red, commands); builds the teaching history on demand.
-import fs from "fs-extra";
 import { CourseError, main, rejectUnknownOptions, takeFlag, takeOption } from "./model/cli.js";
 import { type Checkpoint, chapterNumber, findCheckpoint, focusedGlob, loadCheckpoints, previousId, totalTests } from "./model/manifest.js";
 import { type HistoryInfo, diffText, ensureHistory, materialize } from "./model/history.js";
 import { ROOT, isInside, resolveFromCaller } from "./model/paths.js";
+import { checkDestination, writeNewFolder } from "./model/destination.js";
 
 const USAGE = "用法：npm run checkpoint -w @pi/course -- <章节 00..NN> [--diff] [--checkout 目录]";
 
@@ -64,13 +64,13 @@ await main(async (args) => {
   }
   if (args.length !== 1) throw new CourseError(USAGE, 2);
   const c = findCheckpoint(checkpoints, args[0], USAGE);
+  // A bad destination is refused before the history is built.
+  const dest = checkoutArg === undefined ? undefined : checkDestination(resolveFromCaller(checkoutArg), "目标目录");
+  if (dest !== undefined && isInside(dest, ROOT)) throw new CourseError(`目标目录不能位于课程仓库之内：${dest}`, 2);
   const info = await ensureHistory(checkpoints, { log: console.log });
   const ids = info.chapters.get(c.id)!;
-  if (checkoutArg !== undefined) {
-    const dest = resolveFromCaller(checkoutArg);
-    if (isInside(dest, ROOT)) throw new CourseError(`目标目录不能位于课程仓库之内：${dest}`, 2);
-    if (fs.existsSync(dest) && fs.readdirSync(dest).length > 0) throw new CourseError(`目标目录已存在且不为空：${dest}`, 2);
-    await materialize(info.dir, ids.target, dest);
+  if (dest !== undefined) {
+    await writeNewFolder(dest, "目标目录", (temp) => materialize(info.dir, ids.target, temp));
     console.log(`已把 checkpoint ${c.id} 的 target（${ids.target}）写到 ${dest}`);
     return 0;
   }

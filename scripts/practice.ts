@@ -1,62 +1,49 @@
 // npm run practice -w @pi/course -- NN [DIR]
 // Creates an isolated practice folder: parent tree + focused test + starters + LEARNING.md, one git commit.
-// Built in a temporary sibling and renamed into place at the end: an interrupted run leaves nothing behind.
+// Built in a temporary sibling and renamed into place at the end (destination.ts): an interrupted run leaves
+// nothing behind, a file that appears in the folder meanwhile is never deleted, and one run at a time per folder.
 import path from "node:path";
-import fs from "fs-extra";
 import { CourseError, main, rejectUnknownOptions } from "./model/cli.js";
 import { chapterNumber, findCheckpoint, focusedGlob, loadCheckpoints } from "./model/manifest.js";
 import { ensureHistory, quietGit } from "./model/history.js";
 import { ROOT, isInside, resolveFromCaller } from "./model/paths.js";
 import { writePracticeTree } from "./model/practice-tree.js";
-import { sweepStaleSiblings } from "./model/trees.js";
+import { checkDestination, writeNewFolder } from "./model/destination.js";
 
 const USAGE = "用法：npm run practice -w @pi/course -- <章节> [练习目录]   例如 13 ../pi-practice-13（相对于你当前所在的目录）";
-const TEMP_MARK = ".pi-practice-tmp-";
+const SIGNALS = ["SIGINT", "SIGTERM", "SIGHUP"] as const;
 
 await main(async (args) => {
   rejectUnknownOptions(args);
   if (args.length < 1 || args.length > 2) throw new CourseError(USAGE, 2);
   const checkpoints = loadCheckpoints();
   const c = findCheckpoint(checkpoints, args[0], USAGE);
-  const dest = resolveFromCaller(args[1] ?? `../pi-practice-${c.id}`);
+  const dest = checkDestination(resolveFromCaller(args[1] ?? `../pi-practice-${c.id}`), "练习目录");
   if (isInside(dest, ROOT)) throw new CourseError(`练习目录必须位于课程仓库之外：${dest}`, 2);
-  if (fs.existsSync(dest) && (!fs.statSync(dest).isDirectory() || fs.readdirSync(dest).length > 0))
-    throw new CourseError(`练习目录已存在且不为空：${dest}（换一个目录名，或先删掉它）`, 2);
 
-  const parent = path.dirname(dest);
-  await fs.ensureDir(parent);
-  await sweepStaleSiblings(parent, /^\..+\.pi-practice-tmp-(\d+)$/);
-  const temp = path.join(parent, `.${path.basename(dest)}${TEMP_MARK}${process.pid}`);
-  const cleanup = (): void => fs.removeSync(temp);
+  // The temporary sibling, the lock and any parent folder this run made are removed on the way out (cleanup.ts).
   const onSignal = (signal: NodeJS.Signals): void => {
-    cleanup();
     console.error(`\n收到 ${signal}：练习目录没有创建，临时文件已清理。`);
-    process.exit(signal === "SIGINT" ? 130 : 143);
+    process.exit(signal === "SIGINT" ? 130 : signal === "SIGHUP" ? 129 : 143);
   };
-  process.once("SIGINT", onSignal);
-  process.once("SIGTERM", onSignal);
+  for (const signal of SIGNALS) process.once(signal, onSignal);
   try {
     const info = await ensureHistory(checkpoints, { log: console.log });
     const ids = info.chapters.get(c.id)!;
-    await fs.ensureDir(temp);
-    await writePracticeTree(c, info, temp, dest);
-    const delay = Number(process.env.PI_COURSE_PRACTICE_DELAY_MS ?? 0);
-    if (delay > 0) await new Promise((resolve) => setTimeout(resolve, delay)); // lets tests interrupt a run midway
-    await quietGit(temp, ["init", "-q", "-b", "main"]);
-    await quietGit(temp, ["add", "-A"]);
-    await quietGit(temp, [
-      "-c", "user.name=pi-course", "-c", "user.email=practice@pi-course.invalid", "-c", "commit.gpgsign=false",
-      "-c", "maintenance.auto=false", "commit", "-q", "-m", `practice(${c.id}): ${c.title}`, "-m",
-      `从第 ${c.id} 章的 parent ${ids.parent} 开始练习（${c.mode}）；target 是 ${ids.target}，这里没有它的内容。`,
-    ]);
-    if (fs.existsSync(dest)) await fs.remove(dest); // only an empty directory can reach this point
-    await fs.rename(temp, dest);
-  } catch (error) {
-    cleanup();
-    throw error;
+    await writeNewFolder(dest, "练习目录", async (temp) => {
+      await writePracticeTree(c, info, temp, dest);
+      const delay = Number(process.env.PI_COURSE_PRACTICE_DELAY_MS ?? 0);
+      if (delay > 0) await new Promise((resolve) => setTimeout(resolve, delay)); // lets tests interrupt a run midway
+      await quietGit(temp, ["init", "-q", "-b", "main"]);
+      await quietGit(temp, ["add", "-A"]);
+      await quietGit(temp, [
+        "-c", "user.name=pi-course", "-c", "user.email=practice@pi-course.invalid", "-c", "commit.gpgsign=false",
+        "-c", "maintenance.auto=false", "commit", "-q", "-m", `practice(${c.id}): ${c.title}`, "-m",
+        `从第 ${c.id} 章的 parent ${ids.parent} 开始练习（${c.mode}）；target 是 ${ids.target}，这里没有它的内容。`,
+      ]);
+    });
   } finally {
-    process.off("SIGINT", onSignal);
-    process.off("SIGTERM", onSignal);
+    for (const signal of SIGNALS) process.off(signal, onSignal);
   }
   const n = chapterNumber(c);
   const shown = path.relative(process.env.INIT_CWD ?? process.cwd(), dest) || ".";

@@ -88,7 +88,7 @@ export async function freshDir(scratch: string, name: string): Promise<string> {
 const NOT_CONTENT = new Set([".git", ".history", "node_modules", "dist", "coverage"]);
 
 function isContent(name: string): boolean {
-  return !NOT_CONTENT.has(name) && !name.startsWith(".history.building-") && !name.endsWith(".tsbuildinfo");
+  return !NOT_CONTENT.has(name) && !/^\.history\.(building-|old-|lock)/.test(name) && !name.endsWith(".tsbuildinfo");
 }
 
 /**

@@ -78,9 +78,9 @@ async function interruptedRun(parent: string, name: string): Promise<{ child: Re
     env: learnerEnv({ INIT_CWD: parent, PI_COURSE_PRACTICE_DELAY_MS: "5000" }),
   });
   const done = collect(child);
-  const pattern = new RegExp(`^\\.${name}\\.pi-practice-tmp-\\d+$`);
+  const pattern = /^\.pi-course-[0-9a-f]{10}-tmp-pid\d+$/; // the run's temporary sibling (destination.ts)
   try {
-    const temp = await waitFor(`临时目录 .${name}.pi-practice-tmp-<pid>`, () => {
+    const temp = await waitFor(`${name} 的临时目录 .pi-course-<key>-tmp-pid<pid>`, () => {
       const found = fs.readdirSync(parent).find((entry) => pattern.test(entry));
       // Wait until the tree is written (LEARNING.md comes last), i.e. the run is in its pause before the commit.
       return found && fs.existsSync(path.join(parent, found, "LEARNING.md")) ? path.join(parent, found) : undefined;

@@ -1,4 +1,5 @@
 // Small shared pieces for command-line entry points: one clear line on refusal, a non-zero exit.
+import { systemErrorLine } from "./system-errors.js";
 export class CourseError extends Error {
   constructor(message: string, readonly exitCode = 1) {
     super(message);
@@ -6,7 +7,10 @@ export class CourseError extends Error {
   }
 }
 
-/** Runs a command body; a CourseError becomes one line on stderr and its exit code, anything else a stack. */
+/**
+ * Runs a command body; a CourseError or a failed file operation becomes one line on stderr and a non-zero exit,
+ * anything else (a bug of the harness) a stack.
+ */
 export async function main(body: (args: string[]) => Promise<number | void>): Promise<void> {
   // `npm run lab -- 13 | head` closes our stdout early: stop quietly instead of printing an EPIPE stack.
   for (const stream of [process.stdout, process.stderr]) {
@@ -19,9 +23,13 @@ export async function main(body: (args: string[]) => Promise<number | void>): Pr
     const code = await body(process.argv.slice(2));
     process.exitCode = typeof code === "number" ? code : 0;
   } catch (error) {
+    const line = error instanceof CourseError ? undefined : systemErrorLine(error);
     if (error instanceof CourseError) {
       console.error(error.message);
       process.exitCode = error.exitCode;
+    } else if (line !== undefined) {
+      console.error(line); // a file operation failed (permissions, disk full, …): say so, no stack
+      process.exitCode = 1;
     } else {
       console.error(error instanceof Error ? (error.stack ?? error.message) : String(error));
       process.exitCode = 1;

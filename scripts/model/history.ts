@@ -13,9 +13,17 @@ import { simpleGit, type SimpleGit } from "simple-git";
 import { CourseError } from "./cli.js";
 import type { Checkpoint } from "./manifest.js";
 import { PACKAGE_DIR, ROOT, inTree } from "./paths.js";
+import { removeOnExit, sweepStaleTemp, trackChild, waitForLock } from "./cleanup.js";
 import { sweepStaleSiblings } from "./trees.js";
 
-const run = promisify(execFile);
+const execFileAsync = promisify(execFile);
+
+/** execFile as a promise, with the child tracked so that an interrupted command stops it before cleaning up. */
+function run(file: string, args: string[], options: Parameters<typeof execFileAsync>[2] = {}): Promise<{ stdout: string; stderr: string }> {
+  const pending = execFileAsync(file, args, { ...options, encoding: "utf8" });
+  trackChild(pending.child);
+  return pending as Promise<{ stdout: string; stderr: string }>;
+}
 
 export const IDENTITY = "pi-course <course@pi-course.invalid>";
 export const BASE_EPOCH = 1767225600; // 2026-01-01T00:00:00Z
@@ -229,31 +237,52 @@ export async function readHistory(dir: string, checkpoints: Checkpoint[]): Promi
 /**
  * Returns the teaching history, building it when `.history` is missing or was built from other content.
  * Built in a temporary sibling and renamed into place, so an interrupted build never leaves a half history.
+ * One build at a time: two commands on a fresh clone both need `.history`; the second waits for the first
+ * (lock file `.history.lock`) and then uses what it built.
  */
 export async function ensureHistory(checkpoints: Checkpoint[], options: { root?: string; log?: (line: string) => void } = {}): Promise<HistoryInfo> {
   const root = options.root ?? ROOT;
   const dir = historyDir(root);
-  // A build interrupted by Ctrl-C or SIGKILL leaves `.history.building-<pid>` behind.
-  await sweepStaleSiblings(path.dirname(dir), new RegExp(`^${path.basename(dir).replace(/\./g, "\\.")}\\.building-(\\d+)$`));
   const fingerprint = sourceFingerprint(root, checkpoints);
   const stamp = path.join(dir, ".git", FINGERPRINT_FILE);
-  if (fs.existsSync(stamp) && (await fs.readFile(stamp, "utf8")) === fingerprint) {
+  const current = async (): Promise<HistoryInfo | undefined> => {
+    if (!fs.existsSync(stamp) || (await fs.readFile(stamp, "utf8")) !== fingerprint) return undefined;
     try {
       return await readHistory(dir, checkpoints);
     } catch {
-      // fall through and rebuild
+      return undefined; // rebuild
     }
-  }
-  options.log?.("正在从仓库内容重建教学历史（.history/）…");
-  const temp = `${dir}.building-${process.pid}`;
-  await fs.remove(temp);
+  };
+  const ready = await current();
+  if (ready) return ready;
+
+  const release = await waitForLock(`${dir}.lock`, (holder) =>
+    options.log?.(`另一个命令（进程 ${holder}）正在构建教学历史，等它完成…`));
   try {
-    await buildInto(root, checkpoints, temp);
-    await fs.writeFile(path.join(temp, ".git", FINGERPRINT_FILE), fingerprint);
-    await fs.remove(dir);
-    await fs.rename(temp, dir);
+    const built = await current(); // the run we waited for may have built exactly this
+    if (built) return built;
+    // A build interrupted by SIGKILL leaves `.history.building-<pid>` (or `.history.old-<pid>`) behind.
+    const name = path.basename(dir).replace(/\./g, "\\.");
+    await sweepStaleSiblings(path.dirname(dir), new RegExp(`^${name}\\.(?:building|old)-(\\d+)$`));
+    options.log?.("正在从仓库内容重建教学历史（.history/）…");
+    const temp = `${dir}.building-${process.pid}`;
+    const old = `${dir}.old-${process.pid}`;
+    const forgetTemp = removeOnExit(temp);
+    const forgetOld = removeOnExit(old);
+    try {
+      await fs.remove(temp);
+      await buildInto(root, checkpoints, temp);
+      await fs.writeFile(path.join(temp, ".git", FINGERPRINT_FILE), fingerprint);
+      if (fs.existsSync(dir)) await fs.rename(dir, old);
+      await fs.rename(temp, dir);
+    } finally {
+      await fs.remove(temp);
+      await fs.remove(old);
+      forgetTemp();
+      forgetOld();
+    }
   } finally {
-    await fs.remove(temp);
+    release();
   }
   return readHistory(dir, checkpoints);
 }
@@ -261,12 +290,15 @@ export async function ensureHistory(checkpoints: Checkpoint[], options: { root?:
 /** Writes one commit's tree into `dest` (which must not exist or be empty). */
 export async function materialize(dir: string, commit: string, dest: string): Promise<void> {
   await fs.ensureDir(dest);
-  const tar = path.join(os.tmpdir(), `pi-course-${process.pid}-${commit.slice(0, 12)}-${Date.now()}.tar`);
+  sweepStaleTemp();
+  const tar = path.join(os.tmpdir(), `pi-course-tar-pid${process.pid}-${commit.slice(0, 12)}-${Date.now()}.tar`);
+  const forget = removeOnExit(tar);
   try {
     await quietGit(dir, ["archive", "--format=tar", "-o", tar, commit]);
     await run("tar", ["-xf", tar, "-C", dest]);
   } finally {
     await fs.remove(tar);
+    forget();
   }
 }
 
@@ -294,7 +326,12 @@ export async function exportHistory(checkpoints: Checkpoint[], ref: string, root
   const dir = historyDir(root);
   if (!fs.existsSync(path.join(dir, ".git"))) throw new CourseError("还没有 .history/：先运行 npm run history。");
   const g = git(dir);
-  const log = (await g.raw(["log", "--first-parent", "--reverse", "--format=%H%x09%P%x09%s", ref]))
+  try {
+    await quietGit(dir, ["rev-parse", "--verify", "--quiet", "--end-of-options", `${ref}^{commit}`]);
+  } catch {
+    throw new CourseError(`.history 里没有提交 ${ref}：用 git -C .history log --oneline 看有哪些提交，或不写 REF 直接导出 HEAD（npm run history -- --export）。`, 2);
+  }
+  const log = (await g.raw(["log", "--first-parent", "--reverse", "--format=%H%x09%P%x09%s", "--end-of-options", ref]))
     .split("\n").filter(Boolean).map((line) => {
       const [id, parentsText, subject] = line.split("\t") as [string, string, string];
       return { id, parents: parentsText.split(" ").filter(Boolean), subject };

@@ -6,6 +6,7 @@
 // outcomes are data, the same as `run()`'s stream gave, and nothing a test prints can be mistaken for them.
 import { spawn } from "node:child_process";
 import { pathToFileURL } from "node:url";
+import { trackChild } from "./cleanup.js";
 
 /** Marks the reporter's lines on stdout; a test's own output never contains it. */
 const MARK = "\u0000pi-course-test\u0000";
@@ -110,7 +111,7 @@ export function startTestProcess(cwd: string, absoluteFile: string, relativeFile
     "-e",
     WAITER,
   ];
-  const child = spawn(process.execPath, args, { cwd, env, stdio: ["pipe", "pipe", "pipe"] });
+  const child = trackChild(spawn(process.execPath, args, { cwd, env, stdio: ["pipe", "pipe", "pipe"] }));
   const outcomes: TestOutcome[] = [];
   let stdout = "";
   let stderr = "";

@@ -5,6 +5,7 @@ import os from "node:os";
 import path from "node:path";
 import fs from "node:fs"; // not fs-extra: the lab loop loads these modules on every run
 import { PACKAGE_DIR, inTree } from "./paths.js";
+import { trackChild } from "./cleanup.js";
 import { type TestOutcome, type TestProcess, type TestProcessOptions, startTestProcess } from "./test-process.js";
 
 export type { TestOutcome, TestProcess, TestProcessOptions };
@@ -18,9 +19,11 @@ export async function buildPackage(root: string): Promise<BuildResult> {
   const started = Date.now();
   const tsc = findTsc(root);
   try {
-    const { stdout, stderr } = await exec(tsc.command, [...tsc.args, "-p", inTree(root, `${PACKAGE_DIR}/tsconfig.json`)], {
+    const compiling = exec(tsc.command, [...tsc.args, "-p", inTree(root, `${PACKAGE_DIR}/tsconfig.json`)], {
       cwd: root, maxBuffer: 16 * 1024 * 1024,
     });
+    trackChild(compiling.child);
+    const { stdout, stderr } = await compiling;
     return { ok: true, output: stdout + stderr, ms: Date.now() - started };
   } catch (error) {
     const e = error as { stdout?: string; stderr?: string; message: string };

@@ -3,9 +3,15 @@ import os from "node:os";
 import path from "node:path";
 import fs from "fs-extra";
 import { ROOT } from "./paths.js";
+import { removeOnExit, sweepDead, sweepStaleTemp } from "./cleanup.js";
 
+/**
+ * A new folder `pi-course-<prefix>-pid<pid>-XXXXXX` under os.tmpdir(). The pid lets a later run sweep it if this
+ * one is killed outright; the first call of a process sweeps such folders of runs that are gone.
+ */
 export async function makeTempDir(prefix: string): Promise<string> {
-  return fs.mkdtemp(path.join(os.tmpdir(), `pi-course-${prefix}-`));
+  sweepStaleTemp();
+  return fs.mkdtemp(path.join(os.tmpdir(), `pi-course-${prefix}-pid${process.pid}-`));
 }
 
 /** Lets a tree outside the repository resolve typescript, tsx and @types/node from the course's own install. */
@@ -15,21 +21,15 @@ export async function linkNodeModules(dest: string): Promise<void> {
   await fs.ensureSymlink(source, path.join(dest, "node_modules"), "dir");
 }
 
+/** A temporary folder for `body`, removed afterwards on every path (also Ctrl-C, SIGTERM, SIGHUP, process.exit). */
 export async function withTempDir<T>(prefix: string, body: (dir: string) => Promise<T>): Promise<T> {
   const dir = await makeTempDir(prefix);
+  const forget = removeOnExit(dir);
   try {
     return await body(dir);
   } finally {
     await fs.remove(dir);
-  }
-}
-
-function processAlive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (error) {
-    return (error as NodeJS.ErrnoException).code === "EPERM";
+    forget();
   }
 }
 
@@ -37,12 +37,6 @@ function processAlive(pid: number): boolean {
  * Temporary siblings carry the pid of the run that made them (`pattern` captures it); a run killed outright
  * (SIGKILL cannot be caught) leaves its sibling behind. This removes those whose process is gone, never our own.
  */
-export async function sweepStaleSiblings(parent: string, pattern: RegExp): Promise<void> {
-  if (!fs.existsSync(parent)) return;
-  for (const name of await fs.readdir(parent)) {
-    const match = pattern.exec(name);
-    if (!match) continue;
-    const pid = Number(match[1]);
-    if (Number.isInteger(pid) && pid > 0 && pid !== process.pid && !processAlive(pid)) await fs.remove(path.join(parent, name));
-  }
+export async function sweepStaleSiblings(parent: string, ...patterns: RegExp[]): Promise<void> {
+  sweepDead(parent, patterns);
 }
