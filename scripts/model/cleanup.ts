@@ -207,3 +207,52 @@ export async function waitForLock(file: string, onWait: (holder: number) => void
     await new Promise((resolve) => setTimeout(resolve, 100));
   }
 }
+
+/** Parent pid of `pid` from /proc (Linux), or undefined when it is gone or there is no /proc. */
+function parentOf(pid: number): number | undefined {
+  try {
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, "utf8");
+    return Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]);
+  } catch {
+    return undefined;
+  }
+}
+
+function commandOf(pid: number): string {
+  try {
+    return fs.readFileSync(`/proc/${pid}/cmdline`, "utf8").replace(/\0+$/, "").split("\0").join(" ");
+  } catch {
+    return "";
+  }
+}
+
+/**
+ * Calls `onGone` once when the process that started this command goes away. Killing only npm leaves its `sh -c`
+ * and us running (re-parented), so from a run by npm the whole chain up to npm is watched — each [child, parent]
+ * link of it, read from /proc — and elsewhere (or without /proc) our own parent. Polls on an unref'd timer.
+ */
+export function watchLauncher(onGone: () => void, everyMs = 200): void {
+  let links: Array<[number, number]> = [[process.pid, process.ppid]];
+  if (process.env.npm_lifecycle_event && parentOf(process.pid) !== undefined) {
+    const chain: Array<[number, number]> = [];
+    let found = false;
+    for (let at = process.ppid, depth = 0; depth < 4 && at > 1; depth += 1) {
+      if (/(^|[/\s])npm(-cli\.js)?(\s|$)/.test(commandOf(at))) {
+        found = true;
+        break;
+      }
+      const up = parentOf(at);
+      if (up === undefined) break;
+      chain.push([at, up]);
+      at = up;
+    }
+    if (found) links = [...links, ...chain];
+  }
+  const timer = setInterval(() => {
+    const broken = links.some(([child, parent]) => (child === process.pid ? process.ppid : parentOf(child)) !== parent);
+    if (!broken) return;
+    clearInterval(timer);
+    onGone();
+  }, everyMs);
+  timer.unref();
+}

@@ -1,5 +1,6 @@
 // Small shared pieces for command-line entry points: one clear line on refusal, a non-zero exit.
 import { systemErrorLine } from "./system-errors.js";
+import { watchLauncher } from "./cleanup.js";
 export class CourseError extends Error {
   constructor(message: string, readonly exitCode = 1) {
     super(message);
@@ -19,6 +20,11 @@ export async function main(body: (args: string[]) => Promise<number | void>): Pr
       process.exit(typeof process.exitCode === "number" ? process.exitCode : 0);
     });
   }
+  // Killing only npm leaves us running: stop as on SIGTERM (cleanup.ts removes what this run made).
+  watchLauncher(() => {
+    console.error("启动这条命令的 npm 已经退出：停止运行，并清理这次运行留下的临时文件。");
+    process.kill(process.pid, "SIGTERM");
+  });
   try {
     const code = await body(process.argv.slice(2));
     process.exitCode = typeof code === "number" ? code : 0;
