@@ -65,8 +65,9 @@ await main(async (args) => {
   if (args.length !== 1) throw new CourseError(USAGE, 2);
   const c = findCheckpoint(checkpoints, args[0], USAGE);
   // A bad destination is refused before the history is built.
-  const dest = checkoutArg === undefined ? undefined : checkDestination(resolveFromCaller(checkoutArg), "目标目录");
-  if (dest !== undefined && isInside(dest, ROOT)) throw new CourseError(`目标目录不能位于课程仓库之内：${dest}`, 2);
+  const wanted = checkoutArg === undefined ? undefined : resolveFromCaller(checkoutArg);
+  if (wanted !== undefined && isInside(wanted, ROOT)) throw new CourseError(`目标目录不能位于课程仓库之内：${wanted}`, 2);
+  const dest = wanted === undefined ? undefined : checkDestination(wanted, "目标目录");
   const info = await ensureHistory(checkpoints, { log: console.log });
   const ids = info.chapters.get(c.id)!;
   if (dest !== undefined) {

@@ -18,8 +18,9 @@ await main(async (args) => {
   if (args.length < 1 || args.length > 2) throw new CourseError(USAGE, 2);
   const checkpoints = loadCheckpoints();
   const c = findCheckpoint(checkpoints, args[0], USAGE);
-  const dest = checkDestination(resolveFromCaller(args[1] ?? `../pi-practice-${c.id}`), "练习目录");
-  if (isInside(dest, ROOT)) throw new CourseError(`练习目录必须位于课程仓库之外：${dest}`, 2);
+  const wanted = resolveFromCaller(args[1] ?? `../pi-practice-${c.id}`);
+  if (isInside(wanted, ROOT)) throw new CourseError(`练习目录必须位于课程仓库之外：${wanted}`, 2);
+  const dest = checkDestination(wanted, "练习目录");
 
   // The temporary sibling, the lock and any parent folder this run made are removed on the way out (cleanup.ts).
   const onSignal = (signal: NodeJS.Signals): void => {
