@@ -6,9 +6,15 @@
 // 在“全部装得下”和“只剩一个小窗口”两种预算下各跑若干次，打印最快一次的耗时与相邻两档的比值
 // （取最快一次而不是平均值：机器上别的进程只会让某次变慢，不会让它变快）。
 // 规模每翻一倍，线性算法的比值应在 2 左右；如果接近 4，说明某处写成了平方级（例如每组都重扫整条路径）。
+//
+// 第二段量第 10 章 JsonlSessionStore.append 在 fsync 开（默认）与关时的耗时：同样的 entry 逐条追加到临时目录里的
+// 真实文件，打印每条 append 的毫秒数和每秒条数。fsync 让“已确认”经得起断电，代价就是这里的差距。
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { performance } from "node:perf_hooks";
 import { buildContext, type BuildContextOptions } from "../packages/pi-course/src/context.js";
-import type { SessionEntry } from "../packages/pi-course/src/session.js";
+import { JsonlSessionStore, type SessionEntry } from "../packages/pi-course/src/session.js";
 import { textOf, type AgentMessage } from "../packages/pi-course/src/types.js";
 
 const TOTAL = 100_000;
@@ -139,3 +145,32 @@ for (const budget of BUDGETS) {
   console.log("");
 }
 console.log("规模每翻一倍，比值在 2 附近即为线性；接近 4 则说明出现了平方级的重复扫描。");
+
+// ---------------------------------------------------------------------------
+// JsonlSessionStore.append：fsync 开与关
+// ---------------------------------------------------------------------------
+
+const APPENDS = 400;
+const appendPath = makePath(APPENDS);
+console.log(`\nJsonlSessionStore.append 基准：${APPENDS} 条 entry 逐条追加到 ${tmpdir()} 下的真实文件，每种设置跑 ${RUNS} 次取最快一次\n`);
+console.log(`${"设置".padEnd(20)}${pad("总耗时 ms", 11)}${pad("每条 ms", 10)}${pad("每秒条数", 10)}`);
+const perAppend: Record<string, number> = {};
+for (const [label, fsync] of [["fsync: true（默认）", true], ["fsync: false", false]] as const) {
+  let best = Number.POSITIVE_INFINITY;
+  for (let run = 0; run < RUNS; run += 1) {
+    const dir = await mkdtemp(join(tmpdir(), "pi-bench-session-"));
+    try {
+      const store = await JsonlSessionStore.open(join(dir, "session.jsonl"), undefined, { fsync });
+      const started = performance.now();
+      for (const entry of appendPath) await store.append(entry);
+      best = Math.min(best, performance.now() - started);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  }
+  perAppend[label] = best / APPENDS;
+  const shown = [...label].reduce((sum, ch) => sum + (/[\u2e80-\u9fff\uff00-\uffef]/.test(ch) ? 2 : 1), 0);
+  console.log(`${label + " ".repeat(Math.max(0, 22 - shown))}${pad(best.toFixed(1), 11)}${pad((best / APPENDS).toFixed(3), 10)}${pad(Math.round((APPENDS * 1000) / best).toString(), 10)}`);
+}
+const ratio = perAppend["fsync: true（默认）"]! / perAppend["fsync: false"]!;
+console.log(`\nfsync 让每条 append 慢了 ${ratio.toFixed(1)} 倍；换来的是：append 兑现之后，断电也不会丢这条 entry。`);

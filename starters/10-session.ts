@@ -40,6 +40,8 @@ export type SessionEntry = MessageSessionEntry | MetadataSessionEntry;
 export interface SessionStore {
   append(entry: SessionEntry): Promise<void>;
   entries(): Promise<SessionEntry[]>;
+  /** 可选：现在能不能 append；不能时以和 append 相同的错误拒绝（撕裂尾部、已被污染）。 */
+  ensureWritable?(): Promise<void>;
 }
 
 export interface UnterminatedTailWarning {
@@ -55,8 +57,22 @@ export interface SessionReadResult {
 export interface SessionFileIO {
   /** 文件不存在就创建（连同父目录），存在则不改动内容。 */
   ensureFile(file: string): Promise<void>;
+  /** 读出整份文件；已提交的行不是合法 UTF-8 时报错并指明行号。 */
   readFile(file: string): Promise<string>;
-  appendFile(file: string, value: string): Promise<void>;
+  /** options.fsync 为 true：返回之前把这次写入刷到磁盘。 */
+  appendFile(file: string, value: string, options?: { fsync: boolean }): Promise<void>;
+}
+
+export interface JsonlSessionStoreOptions {
+  /** 每次 append 都 fsync 之后才确认，默认 true。 */
+  fsync?: boolean;
+}
+
+/** JsonlSessionStore.repair 的结果：没有撕裂尾部时什么也不做，backup 为 undefined。 */
+export interface TornTailRepair {
+  backup: string | undefined;
+  line: number | undefined;
+  removedBytes: number;
 }
 
 // ---------------------------------------------------------------------------
@@ -132,12 +148,27 @@ export class JsonlSessionStore implements SessionStore {
   private constructor() {}
 
   /**
-   * 不传 io 时使用基于 node:fs 的默认实现（ensureFile 要先建父目录，再以追加方式创建空文件）。
-   * 打开顺序：ensureFile → readFile → recoverJsonl → 按文件顺序重放树约束。
-   * 发现未提交尾部时实例仍可读，但 append 必须拒绝（说明第几行需要修复），且不碰 IO。
+   * 不传 io 时使用基于 node:fs 的默认实现（ensureFile 要先建父目录，再以追加方式创建空文件；
+   * readFile 严格按 UTF-8 解码，已提交的行里有非法字节就报错并给出行号；appendFile 在 fsync 为 true 时写完要 sync）。
+   * 打开顺序：ensureFile → readFile → recoverJsonl → 按文件顺序重放树约束；每个错误都写明文件路径和第几行
+   * （重复 id、缺失 parent、parent 出现在后面、环）。options.fsync 默认为 true，之后每次 appendFile 都带上它。
+   * 发现未提交尾部时实例仍可读，但 append 必须拒绝（说明文件、第几行，以及用 JsonlSessionStore.repair 修复），且不碰 IO。
    */
-  static open(file: string, io?: SessionFileIO): Promise<JsonlSessionStore> {
+  static open(file: string, io?: SessionFileIO, options?: JsonlSessionStoreOptions): Promise<JsonlSessionStore> {
     return Promise.reject(labError("Lab 10.5 Jsonl open"));
+  }
+
+  /**
+   * 显式修复撕裂尾部（真实文件）：已提交的行有问题就报错、不改文件；没有尾部就什么也不做；
+   * 否则先把整份文件备份成 <文件>.torn-<时间>.bak，再把文件截到最后一个换行之后。
+   */
+  static repair(file: string): Promise<TornTailRepair> {
+    return Promise.reject(labError("Lab 10.5 Jsonl repair"));
+  }
+
+  /** 污染或撕裂尾部时以与 append 相同的错误拒绝，否则什么也不做。 */
+  ensureWritable(): Promise<void> {
+    return Promise.reject(labError("Lab 10.5 Jsonl ensureWritable"));
   }
 
   /**

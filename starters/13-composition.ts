@@ -116,7 +116,8 @@ class RuntimeImpl implements Runtime {
 }
 
 /**
- * Lab 13.1：读一次 session.entries()，按四种组合选出恢复路径
+ * Lab 13.1：先 await session.ensureWritable?.()（文件带撕裂尾部时在任何模型调用之前就拒绝），
+ * 再读一次 session.entries()，按四种组合选出恢复路径
  * （空 + null → []；空 + 字符串、非空 + null 分别用固定文字拒绝；非空 + 字符串 → pathTo）。
  * 只把路径上 message entry 的消息深复制成 initialMessages 交给唯一的 Agent；
  * 不要把 config.systemPrompt 交给 Agent 构造函数。保持 session / resources / extensions 的身份。

@@ -4,7 +4,8 @@
 // skill 正文只有在 activateSkill() 时才读取。后半部分会执行外部代码：extension 先过
 // isTrusted()，再 import()，注册先进 staging，全部成功才一次性提交到 host。
 import type { FileHandle } from "node:fs/promises";
-import { open, readdir, readFile, realpath, stat } from "node:fs/promises";
+import { constants } from "node:fs";
+import { open, readdir, readlink, realpath, stat } from "node:fs/promises";
 import path from "node:path";
 import type { ToolCall, ToolResultMessage, UserMessage } from "./types.js";
 import { text, userMessage } from "./types.js";
@@ -150,15 +151,48 @@ function nameFrom(fields: Record<string, string>, fallback: string): string {
   return name ? name : fallback;
 }
 
-async function readPrefix(file: string, limit: number): Promise<{ text: string; truncated: boolean }> {
-  let handle: FileHandle | undefined;
+/** 只读且不阻塞地打开：FIFO 没有写者时普通的 open 会一直等下去，这里立刻返回，再按类型拒绝。 */
+const READ_FLAGS = constants.O_RDONLY | (constants.O_NONBLOCK ?? 0);
+
+interface OpenedFile {
+  handle: FileHandle;
+  /** 内核真正打开的文件：Linux 上读 /proc/self/fd/<fd>，别处退回 realpath(路径)。 */
+  real: string;
+}
+
+/**
+ * 打开一个普通文件来读。检查的是“打开的那个文件”，而不是片刻之前的路径：
+ * 先 open 再问 fd 指向哪里，中间被换掉的符号链接也逃不过；FIFO、设备、目录一律拒绝，不会卡住。
+ */
+async function openRegular(file: string, label: string): Promise<OpenedFile> {
+  const handle = await open(file, READ_FLAGS);
   try {
-    handle = await open(file, "r");
+    if (!(await handle.stat()).isFile()) throw new Error(`${label} 不是普通文件`);
+    let real: string | undefined;
+    if (process.platform === "linux") real = await readlink(`/proc/self/fd/${handle.fd}`).catch(() => undefined);
+    return { handle, real: real ?? (await realpath(file)) };
+  } catch (error) {
+    await handle.close();
+    throw error;
+  }
+}
+
+/** 打开、确认在 root 之内、读出全文（或前 limit 个字节）、关闭。 */
+async function readInside(
+  file: string,
+  root: string,
+  label: string,
+  limit?: number,
+): Promise<{ real: string; text: string; truncated: boolean }> {
+  const opened = await openRegular(file, label);
+  try {
+    assertInside(root, opened.real, label);
+    if (limit === undefined) return { real: opened.real, text: await opened.handle.readFile("utf8"), truncated: false };
     const buffer = Buffer.alloc(limit);
-    const { bytesRead } = await handle.read(buffer, 0, limit, 0);
-    return { text: buffer.subarray(0, bytesRead).toString("utf8"), truncated: bytesRead === limit };
+    const { bytesRead } = await opened.handle.read(buffer, 0, limit, 0);
+    return { real: opened.real, text: buffer.subarray(0, bytesRead).toString("utf8"), truncated: bytesRead === limit };
   } finally {
-    await handle?.close();
+    await opened.handle.close();
   }
 }
 
@@ -175,7 +209,7 @@ async function discoverRoot(root: string): Promise<CatalogResource[]> {
   const agents = await realpathOrNone(path.join(canonicalRoot, "AGENTS.md"));
   if (agents !== undefined) {
     assertInside(canonicalRoot, agents, "AGENTS.md");
-    const body = (await readFile(agents, "utf8")).replace(/\r\n/g, "\n").trim();
+    const body = (await readInside(agents, canonicalRoot, "AGENTS.md")).text.replace(/\r\n/g, "\n").trim();
     found.push({ kind: "instructions", name: "AGENTS", source: agents, root: canonicalRoot, body });
   }
 
@@ -190,7 +224,7 @@ async function discoverRoot(root: string): Promise<CatalogResource[]> {
     if (source === undefined) continue;
     assertInside(skillRoot, source, `skills/${entry}/SKILL.md`);
     const label = `skills/${entry}/SKILL.md`;
-    const prefix = await readPrefix(source, SKILL_METADATA_LIMIT);
+    const prefix = await readInside(source, skillRoot, label, SKILL_METADATA_LIMIT);
     const frontmatter = parseFrontmatter(prefix.text, label, prefix.truncated);
     if (!frontmatter) throw new Error(`${label} 缺少 YAML frontmatter`);
     found.push({
@@ -210,8 +244,8 @@ async function discoverRoot(root: string): Promise<CatalogResource[]> {
     if (source === undefined) continue;
     assertInside(canonicalRoot, source, `templates/${entry}`);
     if (!(await stat(source)).isFile()) continue;
-    const raw = await readFile(source, "utf8");
     const label = `templates/${entry}`;
+    const raw = (await readInside(source, canonicalRoot, label)).text;
     const frontmatter = parseFrontmatter(raw, label) ?? { fields: {}, body: raw.replace(/\r\n/g, "\n").trim() };
     found.push({
       kind: "template",
@@ -279,10 +313,9 @@ export async function activateSkill(
   const skill = catalog.skills.find((candidate) => candidate.name === name);
   if (!skill) throw new Error(`skill 不存在：${name}`);
 
-  // 发现之后磁盘可能变了：重新 realpath，并确认仍在 skill 自己的目录里。
-  const source = await realpath(skill.source);
-  assertInside(skill.root, source, `skill ${name} 的 SKILL.md`);
-  const frontmatter = parseFrontmatter(await readFile(source, "utf8"), `skill ${name} 的 SKILL.md`);
+  // 发现之后磁盘可能变了：重新打开，并确认打开的文件仍在 skill 自己的目录里。
+  const { real: source, text: skillText } = await readInside(skill.source, skill.root, `skill ${name} 的 SKILL.md`);
+  const frontmatter = parseFrontmatter(skillText, `skill ${name} 的 SKILL.md`);
   if (!frontmatter) throw new Error(`skill ${name} 的 SKILL.md 缺少 YAML frontmatter`);
   const currentName = nameFrom(frontmatter.fields, path.basename(skill.root));
   if (currentName !== skill.name) throw new Error(`skill ${name} 激活时身份变成了 ${currentName}`);
@@ -292,12 +325,16 @@ export async function activateSkill(
     const label = `skill ${name} 的文件 ${request}`;
     if (request === "") throw new Error(`skill ${name} 的文件请求不能为空`);
     if (path.isAbsolute(request)) throw new Error(`${label} 逃出了声明 root`);
-    // 先做字面检查（挡住 ../），再对真实路径检查一次（挡住符号链接）。
+    // 先做字面检查（挡住 ../），再对打开的那个文件检查一次（挡住符号链接，包括检查之后才换上的链接）。
     const lexical = path.resolve(skill.root, request);
     assertInside(skill.root, lexical, label);
-    const real = await realpath(lexical);
-    assertInside(skill.root, real, label);
-    resources.push({ request, source: real, content: await readFile(real, "utf8") });
+    const opened = await openRegular(lexical, label);
+    try {
+      assertInside(skill.root, opened.real, label);
+      resources.push({ request, source: opened.real, content: await opened.handle.readFile("utf8") });
+    } finally {
+      await opened.handle.close();
+    }
   }
 
   return structuredClone({ ...skill, source, body: frontmatter.body, resources });

@@ -80,6 +80,11 @@ export type SessionEntry = MessageSessionEntry | MetadataSessionEntry | Compacti
 export interface SessionStore {
   append(entry: SessionEntry): Promise<void>;
   entries(): Promise<SessionEntry[]>;
+  /**
+   * 可选：现在能不能 append。不能时以和 append 相同的错误拒绝（例如文件有撕裂尾部、实例已被污染），
+   * 让调用者在做任何昂贵的事（比如调用模型）之前就停下。
+   */
+  ensureWritable?(): Promise<void>;
 }
 
 /** 文件最后一段没有换行符：那一行从未完整写完，不算已提交。 */
@@ -97,8 +102,25 @@ export interface SessionReadResult {
 export interface SessionFileIO {
   /** 文件不存在就创建（连同父目录），存在则不改动内容。 */
   ensureFile(file: string): Promise<void>;
+  /** 读出整份文件；已提交的行（以换行结尾的行）不是合法 UTF-8 时应当报错并指明行号。 */
   readFile(file: string): Promise<string>;
-  appendFile(file: string, value: string): Promise<void>;
+  /** options.fsync 为 true：返回之前把这次写入刷到磁盘（fsync），确认过的 entry 断电也不丢。 */
+  appendFile(file: string, value: string, options?: { fsync: boolean }): Promise<void>;
+}
+
+export interface JsonlSessionStoreOptions {
+  /** 每次 append 都 fsync 之后才确认，默认 true；关掉更快，但断电可能丢掉已确认的 entry。 */
+  fsync?: boolean;
+}
+
+/** JsonlSessionStore.repair 的结果：没有撕裂尾部时什么也不做，backup 为 undefined。 */
+export interface TornTailRepair {
+  /** 修复前整份文件的备份；只在真的截掉了尾部时才有。 */
+  backup: string | undefined;
+  /** 被截掉的那一段所在的物理行号。 */
+  line: number | undefined;
+  /** 被截掉的字节数。 */
+  removedBytes: number;
 }
 
 // ---------------------------------------------------------------------------
@@ -583,9 +605,20 @@ function messageOf(error: unknown): string {
  * 只报告 unterminated_tail；已提交的行坏了则直接抛错。这里不做树检查，也从不改写文本。
  */
 export function recoverJsonl(value: string): SessionReadResult {
+  const { entries, warnings } = recoverJsonlLines(value);
+  return { entries: entries.map((located) => located.entry), warnings };
+}
+
+interface LocatedEntry {
+  entry: SessionEntry;
+  line: number;
+}
+
+/** recoverJsonl 的内部版本：每个 entry 带着它的物理行号，open 用它把树错误定位到文件的某一行。 */
+function recoverJsonlLines(value: string): { entries: LocatedEntry[]; warnings: UnterminatedTailWarning[] } {
   const segments = value.split("\n");
   const lastIndex = segments.length - 1;
-  const entries: SessionEntry[] = [];
+  const entries: LocatedEntry[] = [];
   const warnings: UnterminatedTailWarning[] = [];
 
   for (let index = 0; index < segments.length; index += 1) {
@@ -603,12 +636,37 @@ export function recoverJsonl(value: string): SessionReadResult {
       throw new Error(`session JSONL 第 ${line} 行不是合法 JSON：${messageOf(error)}`);
     }
     try {
-      entries.push(parseSessionEntry(raw));
+      entries.push({ entry: parseSessionEntry(raw), line });
     } catch (error) {
       throw new Error(`session JSONL 第 ${line} 行不是合法 session entry：${messageOf(error)}`);
     }
   }
   return { entries, warnings };
+}
+
+const strictUtf8 = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true });
+const lenientUtf8 = new TextDecoder("utf-8", { ignoreBOM: true });
+
+/**
+ * 按 UTF-8 严格解码。已提交的行里有非法字节就报错并给出行号（失败即关闭：替换成 U+FFFD 等于悄悄改写历史）；
+ * 非法字节只出现在没有换行的尾部时，那一段本来就不算提交，照常解码，交给 recoverJsonl 报告撕裂尾部。
+ */
+function decodeSessionBytes(bytes: Uint8Array, file: string): string {
+  try {
+    return strictUtf8.decode(bytes);
+  } catch {
+    let start = 0;
+    for (let line = 1; ; line += 1) {
+      const newline = bytes.indexOf(0x0a, start);
+      if (newline < 0) return lenientUtf8.decode(bytes);
+      try {
+        strictUtf8.decode(bytes.subarray(start, newline));
+      } catch {
+        throw new Error(`session 文件 ${file} 第 ${line} 行不是合法 UTF-8`);
+      }
+      start = newline + 1;
+    }
+  }
 }
 
 const nodeFileIO: SessionFileIO = {
@@ -617,12 +675,61 @@ const nodeFileIO: SessionFileIO = {
     await fs.appendFile(file, "", "utf8");
   },
   async readFile(file) {
-    return fs.readFile(file, "utf8");
+    return decodeSessionBytes(await fs.readFile(file), file);
   },
-  async appendFile(file, value) {
-    await fs.appendFile(file, value, "utf8");
+  async appendFile(file, value, options) {
+    if (options?.fsync !== true) {
+      await fs.appendFile(file, value, "utf8");
+      return;
+    }
+    const handle = await fs.open(file, "a");
+    try {
+      await handle.writeFile(value, "utf8");
+      await handle.sync();
+    } finally {
+      await handle.close();
+    }
   },
 };
+
+/** 撕裂尾部的错误文字：告诉人发生了什么、为什么不能继续写、怎样修。append 与 Runtime 共用。 */
+function tornTailMessage(file: string, line: number): string {
+  return (
+    `session 文件 ${file} 第 ${line} 行有未提交尾部（上次写入被打断）；修复前不能 append。` +
+    `修复：await JsonlSessionStore.repair(${JSON.stringify(file)})——先把整份文件备份成 <文件>.torn-<时间>.bak，再截掉这段尾部`
+  );
+}
+
+/** open 时按文件顺序重放树约束，错误指明文件与行号；parent 出现在后面时分辨“环”与“顺序颠倒”。 */
+function admitFromFile(located: readonly LocatedEntry[], file: string): Set<string> {
+  const lineOf = new Map<string, number>();
+  const parentOf = new Map<string, string | null>();
+  for (const { entry, line } of located) {
+    if (!lineOf.has(entry.id)) {
+      lineOf.set(entry.id, line);
+      parentOf.set(entry.id, entry.parentId);
+    }
+  }
+  const committedIds = new Set<string>();
+  for (const { entry, line } of located) {
+    const at = `session 文件 ${file} 第 ${line} 行`;
+    if (committedIds.has(entry.id)) {
+      throw new Error(`${at}：session entry id 重复：${entry.id}（第 ${lineOf.get(entry.id)} 行已有）`);
+    }
+    if (entry.parentId !== null && !committedIds.has(entry.parentId)) {
+      const parentLine = lineOf.get(entry.parentId);
+      if (parentLine === undefined) throw new Error(`${at}：session entry ${entry.id} 的 parent ${entry.parentId} 缺失`);
+      let cursor: string | null | undefined = entry.parentId;
+      for (let steps = 0; cursor !== null && cursor !== undefined && steps <= lineOf.size; steps += 1) {
+        if (cursor === entry.id) throw new Error(`${at}：session parent 在 ${entry.id} 形成环（经过第 ${parentLine} 行的 ${entry.parentId}）`);
+        cursor = parentOf.get(cursor);
+      }
+      throw new Error(`${at}：session entry ${entry.id} 的 parent ${entry.parentId} 在它之后（第 ${parentLine} 行）才出现`);
+    }
+    committedIds.add(entry.id);
+  }
+  return committedIds;
+}
 
 export class JsonlSessionStore implements SessionStore {
   private readonly queue = new OperationTail();
@@ -635,24 +742,74 @@ export class JsonlSessionStore implements SessionStore {
     private readonly committedIds: Set<string>,
     /** 打开时发现的未提交尾部所在行；有值就表示需要人工修复。 */
     private readonly unterminatedLine: number | undefined,
+    private readonly fsync: boolean,
   ) {}
 
-  static async open(file: string, io: SessionFileIO = nodeFileIO): Promise<JsonlSessionStore> {
+  static async open(
+    file: string,
+    io: SessionFileIO = nodeFileIO,
+    options: JsonlSessionStoreOptions = {},
+  ): Promise<JsonlSessionStore> {
     await io.ensureFile(file);
-    const recovered = recoverJsonl(await io.readFile(file));
-    // 按文件顺序重放树约束：每个 parent 都必须出现在它的 child 之前。
-    const committedIds = new Set<string>();
-    for (const entry of recovered.entries) {
-      admit(committedIds, entry);
-      committedIds.add(entry.id);
+    const text = await io.readFile(file);
+    let recovered: ReturnType<typeof recoverJsonlLines>;
+    try {
+      recovered = recoverJsonlLines(text);
+    } catch (error) {
+      throw new Error(`session 文件 ${file}：${messageOf(error)}`);
     }
-    return new JsonlSessionStore(file, io, committedIds, recovered.warnings[0]?.line);
+    // 按文件顺序重放树约束：每个 parent 都必须出现在它的 child 之前。
+    const committedIds = admitFromFile(recovered.entries, file);
+    return new JsonlSessionStore(file, io, committedIds, recovered.warnings[0]?.line, options.fsync ?? true);
+  }
+
+  /**
+   * 显式修复撕裂尾部（只用真实文件系统）：已提交的行必须都完好，否则照常报错、什么也不改。
+   * 有尾部时先把整份文件原样备份到 <文件>.torn-<时间>.bak（并 fsync），再把文件截到最后一个换行之后。
+   */
+  static async repair(file: string): Promise<TornTailRepair> {
+    const bytes = await fs.readFile(file);
+    const committedLength = bytes.lastIndexOf(0x0a) + 1;
+    const text = decodeSessionBytes(bytes, file);
+    let warnings: UnterminatedTailWarning[];
+    try {
+      const recovered = recoverJsonlLines(text);
+      admitFromFile(recovered.entries, file);
+      warnings = recovered.warnings;
+    } catch (error) {
+      throw new Error(`只能修复未提交的尾部，已提交的部分本身有问题：${messageOf(error)}`);
+    }
+    const torn = warnings[0];
+    if (torn === undefined) return { backup: undefined, line: undefined, removedBytes: 0 };
+
+    const backup = `${file}.torn-${Date.now()}.bak`;
+    const copy = await fs.open(backup, "wx");
+    try {
+      await copy.writeFile(bytes);
+      await copy.sync();
+    } finally {
+      await copy.close();
+    }
+    const target = await fs.open(file, "r+");
+    try {
+      await target.truncate(committedLength);
+      await target.sync();
+    } finally {
+      await target.close();
+    }
+    return { backup, line: torn.line, removedBytes: bytes.length - committedLength };
+  }
+
+  /** 现在能不能 append：污染或撕裂尾部时以与 append 相同的错误拒绝。 */
+  async ensureWritable(): Promise<void> {
+    if (this.taint !== undefined) throw this.taint.cause;
+    if (this.unterminatedLine !== undefined) throw new Error(tornTailMessage(this.file, this.unterminatedLine));
   }
 
   append(entry: SessionEntry): Promise<void> {
     if (this.taint !== undefined) return Promise.reject(this.taint.cause);
     if (this.unterminatedLine !== undefined) {
-      return Promise.reject(new Error(`session 文件第 ${this.unterminatedLine} 行有未提交尾部；修复前不能 append`));
+      return Promise.reject(new Error(tornTailMessage(this.file, this.unterminatedLine)));
     }
     // 校验与序列化都在调用时完成：失败立即拒绝，不碰文件，也不污染实例。
     let snapshot: SessionEntry;
@@ -667,7 +824,7 @@ export class JsonlSessionStore implements SessionStore {
       if (this.taint !== undefined) throw this.taint.cause;
       admit(this.committedIds, snapshot);
       try {
-        await this.io.appendFile(this.file, line);
+        await this.io.appendFile(this.file, line, { fsync: this.fsync });
       } catch (error) {
         // 失败的写入可能已留下半行；文件状态无法确认，这个实例从此拒绝一切操作。
         this.taint = { cause: error };

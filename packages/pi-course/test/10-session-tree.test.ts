@@ -1,9 +1,9 @@
 import test from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import { mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
 import type { AgentMessage, AssistantMessage, SystemMessage, TextContent, ToolCall, ToolResultMessage, UserMessage } from "../src/types.js";
 import {
   InMemorySessionStore,
@@ -150,9 +150,12 @@ class MemorySessionFileIO implements SessionFileIO {
     return this.value;
   }
 
-  async appendFile(_file: string, value: string): Promise<void> {
+  readonly appendOptions: Array<{ fsync: boolean } | undefined> = [];
+
+  async appendFile(_file: string, value: string, options?: { fsync: boolean }): Promise<void> {
     const index = this.appendCalls.length;
     this.appendCalls.push(value);
+    this.appendOptions.push(options);
     if (this.onAppend !== undefined) await this.onAppend(value, index);
     this.value += value;
   }
@@ -569,6 +572,33 @@ test(
     await writeFile(orphanOnDisk, line(root) + line(entry("orphan-on-disk", "missing-on-disk", user("?"))));
     await assert.rejects(JsonlSessionStore.open(orphanOnDisk), /orphan-on-disk.*missing-on-disk/);
 
+    // 每种树错误都点名文件和行：重复 id、缺失 parent、parent 在后面、环。
+    const located = async (name: string, content: string, pattern: RegExp) => {
+      const bad = join(dir, name);
+      await writeFile(bad, content);
+      await assert.rejects(JsonlSessionStore.open(bad), (error: Error) => {
+        assert.ok(error.message.includes(bad), `错误里要有文件路径：${error.message}`);
+        assert.match(error.message, pattern);
+        return true;
+      });
+    };
+    await located("dup.jsonl", line(root) + line(child) + line(entry("root", "child", user("又一个 root"))), /第 3 行.*重复.*root.*第 1 行/);
+    await located("orphan-line.jsonl", line(root) + line(entry("lost", "nowhere", user("?"))), /第 2 行.*lost.*nowhere.*缺失/);
+    await located("later.jsonl", line(root) + line(entry("early", "late", user("?"))) + line(entry("late", "root", user("?"))), /第 2 行.*early.*late.*第 3 行/);
+    await located("cycle.jsonl", line(root) + line(entry("x", "y", user("x"))) + line(entry("y", "x", user("y"))), /第 2 行.*环/);
+
+    // 已提交的行里有非法 UTF-8：失败即关闭，点名那一行；非法字节只在未提交的尾部时，照常当作撕裂尾部。
+    const badBytes = Buffer.from([0x7b, 0x22, 0xff, 0xfe, 0x22, 0x7d]);
+    const mojibake = join(dir, "mojibake.jsonl");
+    await writeFile(mojibake, Buffer.concat([Buffer.from(line(root)), badBytes, Buffer.from("\n")]));
+    await assert.rejects(JsonlSessionStore.open(mojibake), /mojibake\.jsonl 第 2 行不是合法 UTF-8/);
+    const mojibakeTail = join(dir, "mojibake-tail.jsonl");
+    await writeFile(mojibakeTail, Buffer.concat([Buffer.from(line(root)), badBytes]));
+    assert.deepEqual(await (await JsonlSessionStore.open(mojibakeTail)).read(), {
+      entries: [root],
+      warnings: [{ code: "unterminated_tail", line: 2 }],
+    });
+
     // 崩溃实验：子进程 import 编译后的 session.js，不停追加，被 SIGKILL 杀掉。
     const script = join(dir, "append-until-killed.mjs");
     await writeFile(script, crashChildSource(new URL("../src/session.js", import.meta.url).href));
@@ -601,6 +631,28 @@ test(
     assert.deepEqual(recovered.warnings, [{ code: "unterminated_tail", line: 4 }]);
     await assert.rejects(survivor.append(entry("after-crash", "crash-3", user("修复前不许写"))), /第 4 行.*修复/);
     assert.equal(await readFile(tornFile, "utf8"), bytes);
+
+    // 错误告诉人怎么修；显式修复先备份整份文件，再只截掉未提交的尾部，之后就能接着写。
+    await assert.rejects(survivor.ensureWritable(), (error: Error) => {
+      assert.ok(error.message.includes(tornFile) && error.message.includes("JsonlSessionStore.repair"), error.message);
+      return true;
+    });
+    const repaired = await JsonlSessionStore.repair(tornFile);
+    assert.equal(repaired.line, 4);
+    assert.equal(repaired.removedBytes, Buffer.byteLength(tail));
+    assert.ok(repaired.backup !== undefined && repaired.backup.startsWith(`${tornFile}.torn-`), String(repaired.backup));
+    assert.equal(await readFile(repaired.backup, "utf8"), bytes, "备份是修复前的完整字节");
+    assert.equal(await readFile(tornFile, "utf8"), bytes.slice(0, bytes.lastIndexOf("\n") + 1));
+    assert.deepEqual(await JsonlSessionStore.repair(tornFile), { backup: undefined, line: undefined, removedBytes: 0 });
+    assert.equal((await readdir(dirname(tornFile))).filter((name) => name.includes(".torn-")).length, 1);
+    const healed = await JsonlSessionStore.open(tornFile);
+    await healed.ensureWritable();
+    await healed.append(entry("after-repair", "crash-3", user("修复之后")));
+    assert.deepEqual(ids((await healed.read()).entries), [...torn.acked, "after-repair"]);
+    // 已提交的部分坏了，repair 不碰文件：它只修撕裂尾部。
+    const mojibakeBefore = await readFile(mojibake);
+    await assert.rejects(JsonlSessionStore.repair(mojibake), /UTF-8/);
+    assert.deepEqual(await readFile(mojibake), mojibakeBefore);
   },
 );
 
@@ -640,6 +692,13 @@ test("Lab 10.5 · 调用时就序列化，同一实例的 appendFile 严格先�
   assert.ok(io.appendCalls.every((value) => value.endsWith("\n") && value.indexOf("\n") === value.length - 1));
   assert.equal(io.value, io.appendCalls.join(""));
   assert.deepEqual(await store.entries(), [rootAtCall, childAtCall]);
+
+  // 默认每次 append 都要求 fsync 之后才确认；显式 fsync: false 才跳过。
+  assert.deepEqual(io.appendOptions, [{ fsync: true }, { fsync: true }]);
+  const fastIo = new MemorySessionFileIO();
+  const fast = await JsonlSessionStore.open(file, fastIo, { fsync: false });
+  await fast.append(structuredClone(rootAtCall));
+  assert.deepEqual(fastIo.appendOptions, [{ fsync: false }]);
 });
 
 test("Lab 10.5 · 调用时校验失败不碰 IO；写盘失败后实例被污染，之后一律用同一个错误拒绝，重开需修复", async () => {

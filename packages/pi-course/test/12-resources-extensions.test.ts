@@ -1,5 +1,7 @@
 import assert from "node:assert/strict";
-import { mkdir, mkdtemp, realpath, rm, symlink, writeFile } from "node:fs/promises";
+import { execFileSync } from "node:child_process";
+import { closeSync, constants, openSync } from "node:fs";
+import { mkdir, mkdtemp, realpath, rename, rm, symlink, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import test, { type TestContext } from "node:test";
@@ -47,6 +49,23 @@ async function tempDir(t: TestContext): Promise<string> {
 async function put(file: string, content: string): Promise<string> {
   await mkdir(path.dirname(file), { recursive: true });
   await writeFile(file, content, "utf8");
+  return file;
+}
+
+/**
+ * 建一个命名管道（FIFO）。测试结束时以非阻塞方式为它打开一次写端再关上：
+ * 若有谁正卡在“打开它来读”上（比如没有防住 FIFO 的实现），这样能放它走，测试进程不会挂住。
+ */
+async function fifo(t: TestContext, file: string): Promise<string> {
+  await mkdir(path.dirname(file), { recursive: true });
+  execFileSync("mkfifo", [file]);
+  t.after(() => {
+    try {
+      closeSync(openSync(file, constants.O_WRONLY | constants.O_NONBLOCK));
+    } catch {
+      // 没有读者（ENXIO）或已被删除：没有人被卡住。
+    }
+  });
   return file;
 }
 
@@ -217,7 +236,7 @@ test("Lab 12.1 · root 的先后顺序决定 instructions、skill、template 的
   assert.deepEqual(keys(homeFirst), keys(projectFirst));
 });
 
-test("Lab 12.1 · catalog 按逻辑名排序、可重复，skill 只有元数据没有正文", async (t) => {
+test("Lab 12.1 · catalog 按逻辑名排序、可重复，skill 只有元数据没有正文", { timeout: 20_000 }, async (t) => {
   const root = await tempDir(t);
   await writeAgents(root, "\n  RULES FOR THIS REPO  \n\n");
   // 目录名与逻辑名的字母顺序刚好相反。
@@ -280,6 +299,14 @@ test("Lab 12.1 · catalog 按逻辑名排序、可重复，skill 只有元数据
   assert.deepEqual(second, third);
   assert.equal(second.skills[0]!.description, "Quoted description");
   assert.equal(second.resources.length, 6);
+
+  // AGENTS.md 或 SKILL.md 是命名管道（或别的非普通文件）：拒绝并点名，而不是等一个永远不来的写者。
+  const pipedAgents = await tempDir(t);
+  await fifo(t, path.join(pipedAgents, "AGENTS.md"));
+  await assert.rejects(discoverResources([pipedAgents]), /AGENTS\.md 不是普通文件/);
+  const pipedSkill = await tempDir(t);
+  await fifo(t, path.join(pipedSkill, "skills", "piped", "SKILL.md"));
+  await assert.rejects(discoverResources([pipedSkill]), /skills\/piped\/SKILL\.md 不是普通文件/);
 });
 
 // ---------------------------------------------------------------------------
@@ -341,7 +368,7 @@ test("Lab 12.2 · 显式请求的文件按请求字符串去重，并给出规�
   assert.equal(activated.body, "DEPLOY BODY");
 });
 
-test("Lab 12.2 · 拒绝 ../ 穿越、绝对路径和逃出目录的符号链接，安全文件照常读取", async (t) => {
+test("Lab 12.2 · 拒绝 ../ 穿越、绝对路径和逃出目录的符号链接，安全文件照常读取", { timeout: 30_000 }, async (t) => {
   const base = await tempDir(t);
   const root = path.join(base, "resources");
   const review = await skillOnDisk(root, "review", { name: "review", description: "Review code carefully" }, "BODY");
@@ -362,6 +389,47 @@ test("Lab 12.2 · 拒绝 ../ 穿越、绝对路径和逃出目录的符号链接
       `请求 ${request} 应被拒绝`,
     );
   }
+
+  // 请求的文件是命名管道：拒绝，而不是卡住。
+  await fifo(t, path.join(review.root, "refs", "pipe.md"));
+  await assert.rejects(activateSkill(catalog, "review", { resources: ["refs/pipe.md"] }), /refs\/pipe\.md 不是普通文件/);
+
+  // 检查与读取之间有空档：另一个任务不停地把目录 refs/live 挪开、换成指向外面的链接，再换回来。
+  // 边界必须核对真正打开的那个文件：激活要么拿到里面的内容，要么被拒绝，绝不会交出外面的文件。
+  const live = path.join(review.root, "refs", "live");
+  const parked = path.join(review.root, "refs", "live-parked");
+  await put(path.join(live, "doc.md"), "INSIDE DOC");
+  const away = path.dirname(await put(path.join(base, "outside", "away", "doc.md"), "OUTSIDE DOC"));
+  let flipping = true;
+  const flipper = (async () => {
+    while (flipping) {
+      await rename(live, parked);
+      await symlink(away, live);
+      await new Promise((resolve) => setImmediate(resolve));
+      await rm(live);
+      await rename(parked, live);
+      await new Promise((resolve) => setImmediate(resolve));
+    }
+  })();
+  let escaped = 0;
+  let served = 0;
+  try {
+    for (let round = 0; round < 300; round += 1) {
+      const outcomes = await Promise.allSettled(
+        [0, 1, 2].map(() => activateSkill(catalog, "review", { resources: ["refs/live/doc.md"] })),
+      );
+      for (const outcome of outcomes) {
+        if (outcome.status === "rejected") continue;
+        served += 1;
+        if (outcome.value.resources.some((file) => file.content.includes("OUTSIDE"))) escaped += 1;
+      }
+    }
+  } finally {
+    flipping = false;
+    await flipper;
+  }
+  assert.equal(escaped, 0, `有 ${escaped} 次激活交出了 skill 目录外面的文件`);
+  assert.ok(served > 0, "切换期间也应当有激活成功（读到里面的文件）");
 });
 
 // ---------------------------------------------------------------------------

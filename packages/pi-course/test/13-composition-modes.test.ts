@@ -1,5 +1,6 @@
 import assert from "node:assert/strict";
-import { readFile } from "node:fs/promises";
+import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import os from "node:os";
 import path from "node:path";
 import test from "node:test";
 import { Agent } from "../src/agent.js";
@@ -37,7 +38,7 @@ import {
   type ResourceCatalog,
 } from "../src/resources.js";
 import { ScriptedModel } from "../src/scripted-model.js";
-import { InMemorySessionStore, type SessionEntry, type SessionStore } from "../src/session.js";
+import { InMemorySessionStore, JsonlSessionStore, type SessionEntry, type SessionStore } from "../src/session.js";
 import { ToolRegistry, objectSchema, stringValue } from "../src/tool.js";
 import {
   assistantMessage,
@@ -305,6 +306,20 @@ test("Lab 13.1 · 只恢复所选分支的 message 并深复制；恢复出的 s
     /空 session 的 activeLeafId 必须是 null/,
   );
   await assert.rejects(createRuntime(config("missing-leaf"), deps), /missing-leaf/);
+
+  // 文件末尾有撕裂尾部的 session：在任何模型调用之前就拒绝，错误说明怎样修复。
+  const tornDir = await mkdtemp(path.join(os.tmpdir(), "pi-course-13-torn-"));
+  try {
+    const tornFile = path.join(tornDir, "session.jsonl");
+    await writeFile(tornFile, `${JSON.stringify(items[0])}\n${JSON.stringify(items[1])}\n{"id":"half`);
+    const tornModel = new ScriptedModel([assistantAt("这个回答会被丢掉", 30)]);
+    const tornDeps = runtimeDeps(tornModel, await JsonlSessionStore.open(tornFile));
+    await assert.rejects(createRuntime(config("root"), tornDeps), /第 3 行.*JsonlSessionStore\.repair/);
+    assert.deepEqual(tornDeps.issued, [], "拒绝必须发生在任何模型请求之前");
+    assert.equal(tornModel.requests.length, 0);
+  } finally {
+    await rm(tornDir, { recursive: true, force: true });
+  }
 
   // Agent 的新接缝：initialMessages 被深复制；已以 system 开头时不再插入构造参数 systemPrompt。
   const restored: AgentMessage[] = [systemAt("TRANSCRIPT BASE", 1), userAt("q", 2)];
