@@ -1,77 +1,65 @@
 // npm run fault -w @pi/course -- NN <fault-id> [--dir DIR]
-// Injects the manifest's mutation (into a temporary copy of the target, or with --dir into your practice folder),
-// shows the named test red, restores the file and shows it green again. The file is restored on every path.
-import path from "node:path";
+// In a practice folder (or with --dir pointing at one): once the chapter is green, injects the guide's fault into the
+// learner's own file, shows the named test red, restores the file and shows it green again (practice-fault.ts).
+// In the course root without --dir: the same on a temporary copy of the target, to show the fault on the solution.
 import fs from "fs-extra";
 import { CourseError, main, rejectUnknownOptions, takeOption } from "./model/cli.js";
-import { type Checkpoint, type Fault, findCheckpoint, focusedGlob, loadCheckpoints } from "./model/manifest.js";
-import { caughtExactly, greenAgain, injectFault, manualSteps, planMutation } from "./model/faults.js";
+import { type Fault, findCheckpoint, loadCheckpoints, parseChapterArg } from "./model/manifest.js";
+import { manualSteps, planMutation } from "./model/faults.js";
 import { ensureHistory, materialize } from "./model/history.js";
-import { inTree, isInside, resolveFromCaller, ROOT } from "./model/paths.js";
+import { ROOT, inTree, isInside, isPracticeRoot, resolveFromCaller } from "./model/paths.js";
+import { exercise, faultInPractice } from "./model/practice-fault.js";
+import { type PracticeManifest, readPracticeManifest, unsealFault } from "./model/practice-tree.js";
+import { quotePath } from "./model/quote.js";
 import { buildPackage, firstLines } from "./model/tests.js";
 import { linkNodeModules, withTempDir } from "./model/trees.js";
 
-const USAGE = "用法：npm run fault -w @pi/course -- <章节> <故障 id> [--dir 练习目录]";
+const USAGE = "用法：npm run fault -w @pi/course -- <章节> <故障 id>（在全章变绿的练习目录里运行）";
 
-async function buildOrThrow(root: string, stage: string): Promise<void> {
-  const build = await buildPackage(root);
-  if (!build.ok) throw new CourseError(`${stage}时构建失败：\n${firstLines(build.output, 20)}`);
+function pickFault(id: string, faults: Fault[], wanted: string): Fault {
+  const fault = faults.find((f) => f.id === wanted);
+  if (!fault) throw new CourseError(`第 ${id} 章没有故障练习 "${wanted}"；可用的：${faults.map((f) => f.id).join("、")}`, 2);
+  return fault;
 }
 
-async function exercise(root: string, c: Checkpoint, fault: Fault, mutated: string): Promise<boolean> {
-  console.log(`② 注入故障 ${fault.id}：${fault.description}`);
-  console.log(`   文件：${fault.file}`);
-  for (const edit of fault.mutation) {
-    for (const line of edit.find.split("\n")) console.log(`   - ${line}`);
-    for (const line of edit.replace.split("\n")) console.log(`   + ${line}`);
+/** The practice folder's own chapter and fault data; a folder made before faults travelled with it uses the course's. */
+function practiceFault(dir: string, chapterArg: string, faultId: string, courseFaults?: () => Fault[]): { spec: PracticeManifest; fault: Fault } {
+  const spec = readPracticeManifest(dir);
+  const parsed = parseChapterArg(chapterArg);
+  if (!parsed || parsed.lab) throw new CourseError(USAGE, 2);
+  if (parsed.id !== spec.id) {
+    throw new CourseError(`这个练习目录是第 ${spec.id} 章的，不能做第 ${parsed.id} 章的故障练习。本章的故障练习：${(spec.faults ?? []).map((f) => `npm run fault -w @pi/course -- ${spec.id} ${f.id}`).join("；") || "（无）"}`, 2);
   }
-  console.log(`③ 构建并运行整份聚焦测试 ${focusedGlob(c.id)}（应当只有 "${fault.test}" 变红）：`);
-  const run = await injectFault(root, c, fault, mutated);
-  if (!run.built) throw new CourseError(`注入故障后构建失败：\n${firstLines(run.buildOutput, 20)}`);
-  const red = run.outcomes.filter((o) => !o.passed);
-  console.log(`  聚焦测试：${run.outcomes.length - red.length}/${run.outcomes.length} 通过`);
-  for (const o of red) {
-    console.log(`  ✗ ${o.name}`);
-    for (const line of firstLines(o.error).split("\n")) console.log(`      ${line}`);
-  }
-  console.log(`④ 已恢复 ${fault.file}，重新构建并运行 "${fault.test}"：`);
-  const green = await greenAgain(root, c, [fault.test]);
-  console.log(`  ${green ? "✓" : "✗"} ${fault.test}`);
-  if (caughtExactly(fault, run) && green) {
-    console.log(`结论：故障只让 "${fault.test}" 变红，恢复后它重新变绿。`);
-    return true;
-  }
-  if (!red.some((o) => o.name === fault.test)) console.log("结论：指定的测试没有变红——这份实现没有被它抓住。");
-  else if (red.length > 1) console.log(`结论：除了指定测试，还有 ${red.length - 1} 项也变红了。`);
-  if (!green) console.log("结论：恢复后指定测试没有回到绿色；先让它在未注入故障时通过。");
-  return false;
+  const faults = spec.faults?.map(unsealFault) ?? courseFaults?.();
+  if (!faults) throw new CourseError(`这个练习目录是旧版 harness 创建的，没有带上故障数据：在课程仓库里运行 npm run fault -w @pi/course -- ${spec.id} ${faultId} --dir ${quotePath(dir)}`, 2);
+  return { spec, fault: pickFault(spec.id, faults, faultId) };
 }
 
 await main(async (args) => {
   const dirArg = takeOption(args, "--dir");
   rejectUnknownOptions(args);
   if (args.length !== 2) throw new CourseError(USAGE, 2);
+  const [chapterArg, faultId] = args as [string, string];
+
+  if (isPracticeRoot()) {
+    if (dirArg !== undefined) throw new CourseError("这里已经是练习目录：去掉 --dir，直接运行 npm run fault -w @pi/course -- " + `${chapterArg} ${faultId}`, 2);
+    const { spec, fault } = practiceFault(ROOT, chapterArg, faultId);
+    return faultInPractice(ROOT, spec, fault, console.log);
+  }
+
   const checkpoints = loadCheckpoints();
-  const c = findCheckpoint(checkpoints, args[0], USAGE);
-  const fault = c.faults.find((f) => f.id === args[1]);
-  if (!fault) throw new CourseError(`第 ${c.id} 章没有故障练习 "${args[1]}"；可用的：${c.faults.map((f) => f.id).join("、")}`, 2);
+  const c = findCheckpoint(checkpoints, chapterArg, USAGE);
+  const fault = pickFault(c.id, c.faults, faultId);
 
   if (dirArg !== undefined) {
     const dir = resolveFromCaller(dirArg);
-    const file = inTree(dir, fault.file);
     if (isInside(dir, ROOT)) throw new CourseError("--dir 应指向你的练习目录，而不是课程仓库本身。", 2);
-    if (!fs.existsSync(file)) throw new CourseError(`练习目录里没有 ${fault.file}：${dir}`, 2);
-    if (!fs.existsSync(path.join(dir, "node_modules"))) throw new CourseError(`练习目录还没有安装依赖：先运行 cd ${dir} && npm install`, 2);
-    const plan = planMutation(fault, await fs.readFile(file, "utf8"));
-    if (!plan.ok) {
-      console.log(`（${plan.reason}）`);
-      console.log(manualSteps(fault, `npm run lab -w @pi/course -- ${fault.lab}`));
-      return 0;
-    }
-    console.log(`① 使用你的练习目录：${dir}`);
-    return (await exercise(dir, c, fault, plan.mutated)) ? 0 : 1;
+    if (!isPracticeRoot(dir)) throw new CourseError(`${quotePath(dir)} 不是练习目录（里面没有 pi-practice.json）；先用 npm run practice -w @pi/course -- ${c.id} 创建一个。`, 2);
+    const found = practiceFault(dir, chapterArg, faultId, () => c.faults);
+    return faultInPractice(dir, found.spec, found.fault, console.log);
   }
 
+  console.log(`（这是课程自己的答案：故障注入 target 的临时副本。在你的练习目录里运行同一条命令，故障会注入你自己的实现。）`);
   const info = await ensureHistory(checkpoints, { log: console.log });
   return withTempDir(`fault-${c.id}`, async (dir) => {
     const target = info.chapters.get(c.id)!.target;
@@ -79,8 +67,12 @@ await main(async (args) => {
     await linkNodeModules(dir);
     console.log(`① 在临时目录里准备 checkpoint ${c.id} 的 target（${target.slice(0, 12)}）`);
     const plan = planMutation(fault, await fs.readFile(inTree(dir, fault.file), "utf8"));
-    if (!plan.ok) throw new CourseError(`清单里的故障 ${fault.id} 与 target 不匹配：${plan.reason}（${c.file}）`);
-    await buildOrThrow(dir, "准备 target");
-    return (await exercise(dir, c, fault, plan.mutated)) ? 0 : 1;
+    if (!plan.ok) {
+      console.log(manualSteps(fault, `npm run lab -w @pi/course -- ${fault.lab}`));
+      throw new CourseError(`清单里的故障 ${fault.id} 与 target 不匹配：${plan.reason}（${c.file}）`);
+    }
+    const build = await buildPackage(dir);
+    if (!build.ok) throw new CourseError(`准备 target 时构建失败：\n${firstLines(build.output, 20)}`);
+    return (await exercise(dir, c, fault, plan.mutated, console.log, false)) ? 0 : 1;
   });
 });

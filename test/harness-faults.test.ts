@@ -46,7 +46,7 @@ test("withMutation：函数体抛错时恢复原始字节，并把错误原样�
   assert.deepEqual([process.listenerCount("SIGINT"), process.listenerCount("SIGTERM")], listeners, "不应留下信号处理器");
 });
 
-for (const [signal, code] of [["SIGINT", 130], ["SIGTERM", 143]] as const) {
+for (const [signal, code] of [["SIGINT", 130], ["SIGTERM", 143], ["SIGHUP", 129]] as const) {
   test(`withMutation：子进程在注入期间收到 ${signal}，文件恢复为原始字节后退出（${code}）`, async () => {
     const dir = path.join(scratch, signal);
     await fs.ensureDir(dir);

@@ -39,3 +39,32 @@ test("泄漏检查：包在“已给出”围栏里的实现行是有意交给�
   const outside = fenced.replace("// <<< 已给出", "// <<< 已给出\nwriteFileSync(path, normalise(text), \"utf8\");");
   assert.deepEqual(leakedLines(parent, target, outside), { leaked: ["writeFileSync(path, normalise(text), \"utf8\");"], total: 1 });
 });
+
+test("讲义故障练习一节的检查：命令块只能是清单里故障的 fault 命令、每个恰好一次，行内命令可照原样运行，不再有 --dir", async () => {
+  const { faultSectionProblems } = await import("../scripts/model/verify.js");
+  const chapter = {
+    id: "09",
+    labs: [{ id: "9.1", title: "", count: 1, tests: [], hints: [] }, { id: "9.2", title: "", count: 1, tests: [], hints: [] }],
+    faults: [{ id: "stale-cleanup", lab: "9.2", file: "", description: "", mutation: [], test: "" }],
+  };
+  const guide = (body: string): string => `# 讲义\n\n## 故障练习\n\n${body}\n\n## 边界\n\n\`\`\`bash\nnpm run build -w @pi/course\n\`\`\`\n`;
+  const good = "在练习目录里：\n\n```bash\nnpm run fault -w @pi/course -- 09 stale-cleanup\n```\n\n恢复后 `npm run lab -w @pi/course -- 9.2` 回到 2/2。";
+  assert.deepEqual(faultSectionProblems(guide(good), chapter), [], "别的小节里的命令不归这一检查管");
+  assert.deepEqual(faultSectionProblems("# 讲义\n", chapter), ["缺少这一小节"]);
+
+  const extra = faultSectionProblems(guide("```bash\nnpm run fault -w @pi/course -- 09 stale-cleanup\nnpm run build -w @pi/course\n```"), chapter);
+  assert.deepEqual(extra, ["命令块里只能有 npm run fault -w @pi/course -- 09 <故障 id>，却有：npm run build -w @pi/course"]);
+  const missing = faultSectionProblems(guide("用 `npm run fault -w @pi/course -- 09 stale-cleanup` 注入。"), chapter);
+  assert.deepEqual(missing, ["npm run fault -w @pi/course -- 09 stale-cleanup 应在命令块里出现 1 次，实际 0 次"]);
+  const unknown = faultSectionProblems(guide("```bash\nnpm run fault -w @pi/course -- 09 stale-cleanup\nnpm run fault -w @pi/course -- 09 no-such\n```"), chapter);
+  assert.deepEqual(unknown, ["npm run fault -w @pi/course -- 09 no-such：清单里没有故障 no-such"]);
+  const wrongChapter = faultSectionProblems(guide("```bash\nnpm run fault -w @pi/course -- 9 stale-cleanup\n```"), chapter);
+  assert.equal(wrongChapter.length, 2, wrongChapter.join("\n"));
+  const old = faultSectionProblems(guide(`${good}\n想用在自己的实现上，加上 \`--dir 你的练习目录\`。`), chapter);
+  assert.deepEqual(old, ["提到了 --dir：故障练习现在直接在练习目录里运行，不需要它"]);
+  const badInline = faultSectionProblems(guide(`${good}\n再运行 \`npm run lab -w @pi/course -- 9.7\` 和 \`npm run lab -w @pi/course -- 9.1 或 9.2\`。`), chapter);
+  assert.deepEqual(badInline, [
+    "行内命令在练习目录里不能照原样运行：npm run lab -w @pi/course -- 9.7",
+    "行内命令在练习目录里不能照原样运行：npm run lab -w @pi/course -- 9.1 或 9.2",
+  ]);
+});

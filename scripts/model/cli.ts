@@ -1,6 +1,40 @@
 // Small shared pieces for command-line entry points: one clear line on refusal, a non-zero exit.
 import { systemErrorLine } from "./system-errors.js";
 import { watchLauncher } from "./cleanup.js";
+import fs from "node:fs";
+import path from "node:path";
+import { PRACTICE_MANIFEST, ROOT, inTree, isPracticeRoot } from "./paths.js";
+import { recoverPendingFault } from "./practice-state.js";
+import { quotePath } from "./quote.js";
+
+/** Commands that need the course repository (manifests, history); a practice folder sends the learner there. */
+const COURSE_ONLY = new Set(["checkpoint", "practice", "verify", "history", "docs", "bench", "bench-context"]);
+
+/**
+ * What every command does first in a practice folder: repair a fault run that was killed while its mutation was
+ * on disk (one line says so), and refuse a course-only command with the course's path and the command to run there.
+ */
+function practiceFolderChecks(args: string[]): void {
+  if (!isPracticeRoot()) return;
+  const recovered = recoverPendingFault(ROOT);
+  if (recovered) console.log(recovered);
+  const command = path.basename(process.argv[1] ?? "").replace(/\.[cm]?[jt]s$/, "");
+  if (!COURSE_ONLY.has(command)) return;
+  let id = "";
+  let courseRoot: string | undefined;
+  try {
+    const manifest = JSON.parse(fs.readFileSync(inTree(ROOT, PRACTICE_MANIFEST), "utf8")) as { id?: string; courseRoot?: string };
+    id = manifest.id ?? "";
+    courseRoot = manifest.courseRoot;
+  } catch {
+    // an unreadable manifest: the message below still names the command
+  }
+  const where = id ? `这里是第 ${id} 章的练习目录` : "这里是练习目录";
+  const shown = `npm run ${command} -w @pi/course${args.length > 0 ? ` -- ${args.map(quotePath).join(" ")}` : ""}`;
+  throw new CourseError(courseRoot && fs.existsSync(path.join(courseRoot, "checkpoints"))
+    ? `${command} 只能在课程仓库里运行，${where}。到课程仓库运行：cd ${quotePath(courseRoot)} && ${shown}`
+    : `${command} 只能在课程仓库里运行，${where}。到你克隆的课程仓库里运行：${shown}`, 2);
+}
 export class CourseError extends Error {
   constructor(message: string, readonly exitCode = 1) {
     super(message);
@@ -26,6 +60,7 @@ export async function main(body: (args: string[]) => Promise<number | void>): Pr
     process.kill(process.pid, "SIGTERM");
   });
   try {
+    practiceFolderChecks(process.argv.slice(2));
     const code = await body(process.argv.slice(2));
     process.exitCode = typeof code === "number" ? code : 0;
   } catch (error) {

@@ -2,6 +2,7 @@
 import fs from "fs-extra";
 import type { Checkpoint, Fault } from "./manifest.js";
 import { inTree } from "./paths.js";
+import { type PendingFault, sha256, writeDurably } from "./practice-state.js";
 import { type TestOutcome, buildPackage, compiledTest, runTests } from "./tests.js";
 
 export type MutationPlan =
@@ -14,39 +15,73 @@ function occurrences(text: string, needle: string): number {
   return count;
 }
 
-/** Applies every edit of the fault to `original`; each `find` must occur exactly once. */
-export function planMutation(fault: Fault, original: string): MutationPlan {
+/**
+ * Where `find` occurs in `text`: the exact text first; when that is not there exactly once, the same tokens with any
+ * amount of whitespace between them (the learner's own code is indented and wrapped in its own way).
+ */
+function locate(text: string, find: string): { count: number; start: number; end: number } {
+  const exact = occurrences(text, find);
+  if (exact === 1) { const start = text.indexOf(find); return { count: 1, start, end: start + find.length }; }
+  const tokens = find.trim().split(/\s+/).filter(Boolean);
+  if (tokens.length === 0) return { count: exact, start: -1, end: -1 };
+  const pattern = new RegExp(tokens.map((t) => t.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")).join("\\s*"), "g");
+  const matches = [...text.matchAll(pattern)];
+  if (matches.length !== 1) return { count: exact > 1 ? exact : matches.length, start: -1, end: -1 };
+  return { count: 1, start: matches[0]!.index!, end: matches[0]!.index! + matches[0]![0].length };
+}
+
+/** Applies every edit of the fault to `original`; each `find` must occur exactly once (up to whitespace). */
+export function planMutation(fault: Pick<Fault, "mutation">, original: string): MutationPlan {
   let text = original;
   for (const [index, edit] of fault.mutation.entries()) {
-    const count = occurrences(text, edit.find);
-    if (count !== 1)
-      return { ok: false, reason: `第 ${index + 1} 处修改要找的文本在文件里出现了 ${count} 次（需要恰好 1 次）` };
-    text = text.replace(edit.find, () => edit.replace);
+    const at = locate(text, edit.find);
+    if (at.count !== 1)
+      return { ok: false, reason: `第 ${index + 1} 处修改要找的代码在文件里出现了 ${at.count} 次（需要恰好 1 次）` };
+    text = text.slice(0, at.start) + edit.replace + text.slice(at.end);
   }
   return { ok: true, mutated: text, original };
 }
 
+/** Where withMutation keeps its recovery record, and what the record names. */
+export interface RecoveryRecord { path: string; fault: string; repoFile: string }
+
+const EXIT_CODES: Record<string, number> = { SIGINT: 130, SIGTERM: 143, SIGHUP: 129 };
+
 /**
  * Mutates `file`, runs `body`, and restores the original bytes on every path: normal return, thrown error,
- * SIGINT / SIGTERM (restored before the process exits).
+ * SIGINT / SIGTERM / SIGHUP (restored before the process exits). With `record`, a recovery record (original bytes and
+ * both hashes) is on disk before the mutation is, so that a run killed outright (SIGKILL, a lost machine) is
+ * repaired by the next harness command in that folder (practice-state.ts).
  */
-export async function withMutation<T>(file: string, mutated: string, body: () => Promise<T>): Promise<T> {
+export async function withMutation<T>(file: string, mutated: string, body: () => Promise<T>, record?: RecoveryRecord): Promise<T> {
   const original = await fs.readFile(file);
-  const restore = (): void => fs.writeFileSync(file, original);
+  const restore = (): void => {
+    fs.writeFileSync(file, original);
+    if (record) fs.rmSync(record.path, { force: true });
+  };
   const onSignal = (signal: NodeJS.Signals): void => {
     restore();
     console.error(`\n收到 ${signal}：已恢复 ${file}`);
-    process.exit(signal === "SIGINT" ? 130 : 143);
+    process.exit(EXIT_CODES[signal] ?? 1);
   };
-  process.once("SIGINT", onSignal);
-  process.once("SIGTERM", onSignal);
+  const signals = Object.keys(EXIT_CODES) as NodeJS.Signals[];
+  for (const signal of signals) process.once(signal, onSignal);
   try {
+    if (record) {
+      const pending: PendingFault = {
+        fault: record.fault, file: record.repoFile, pid: process.pid, original: original.toString("base64"),
+        originalSha256: sha256(original), mutatedSha256: sha256(Buffer.from(mutated)),
+      };
+      writeDurably(record.path, `${JSON.stringify(pending, null, 2)}\n`);
+    }
     await fs.writeFile(file, mutated);
+    // Lets the crash tests kill a run while the mutation is on disk.
+    const pause = Number(process.env.PI_COURSE_FAULT_PAUSE_MS ?? 0);
+    if (pause > 0) await new Promise((resolve) => setTimeout(resolve, pause));
     return await body();
   } finally {
     restore();
-    process.off("SIGINT", onSignal);
-    process.off("SIGTERM", onSignal);
+    for (const signal of signals) process.off(signal, onSignal);
   }
 }
 
@@ -73,22 +108,22 @@ export interface FaultRun { built: boolean; buildOutput: string; outcomes: TestO
  * Injects one fault into the tree at `root` (whose target must already be built), builds, runs the whole focused
  * file, and restores the file whatever happens. `outcomes` are empty when the mutated tree does not build.
  */
-export async function injectFault(root: string, c: Checkpoint, fault: Fault, mutated: string): Promise<FaultRun> {
+export async function injectFault(root: string, c: Pick<Checkpoint, "focusedTest">, fault: Pick<Fault, "file">, mutated: string, record?: RecoveryRecord): Promise<FaultRun> {
   return withMutation(inTree(root, fault.file), mutated, async () => {
     const build = await buildPackage(root);
     if (!build.ok) return { built: false, buildOutput: build.output, outcomes: [] };
     return { built: true, buildOutput: build.output, outcomes: await runTests(root, [compiledTest(c.focusedTest)]) };
-  });
+  }, record);
 }
 
 /** True when exactly the fault's named test is red: the fault is caught, and by nothing else. */
-export function caughtExactly(fault: Fault, run: FaultRun): boolean {
+export function caughtExactly(fault: Pick<Fault, "test">, run: FaultRun): boolean {
   const red = run.outcomes.filter((o) => !o.passed);
   return run.built && red.length === 1 && red[0]!.name === fault.test;
 }
 
 /** After restoring: rebuild and run the named tests again; true when every one of them ran and passed. */
-export async function greenAgain(root: string, c: Checkpoint, titles: string[]): Promise<boolean> {
+export async function greenAgain(root: string, c: Pick<Checkpoint, "focusedTest">, titles: string[]): Promise<boolean> {
   const build = await buildPackage(root);
   if (!build.ok) return false;
   const exact = titles.map((title) => new RegExp(`^${title.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}$`));

@@ -49,3 +49,4 @@ export function isInside(candidate: string, base: string): boolean {
 export function inTree(root: string, repoPath: string): string {
   return path.join(root, ...repoPath.split("/"));
 }
+

@@ -2,9 +2,11 @@
 // the target, the starters laid over the teaching files, the lab runner, and a LEARNING.md. No history, no answer.
 import path from "node:path";
 import fs from "fs-extra";
-import { type Checkpoint, chapterNumber, focusedGlob, previousId, totalTests } from "./manifest.js";
+import { type Checkpoint, type Edit, type Fault, chapterNumber, focusedGlob, previousId, totalTests } from "./manifest.js";
 import { type HistoryInfo, materialize, showFile } from "./history.js";
-import { PRACTICE_MANIFEST, ROOT, inTree } from "./paths.js";
+import { PACKAGE_DIR, PRACTICE_MANIFEST, ROOT, inTree } from "./paths.js";
+import { PRACTICE_IGNORES, sha256 } from "./practice-state.js";
+import { compiledTest } from "./tests.js";
 
 /** What `lab` needs to know inside a practice folder (nothing here reveals the solution). */
 export interface PracticeManifest {
@@ -17,6 +19,36 @@ export interface PracticeManifest {
   teachingFiles: string[];
   labs: Checkpoint["labs"];
   firstRed: string;
+  /** The course checkout that made this folder: where course-only commands are to be run. */
+  courseRoot?: string;
+  /** The chapter's fault exercises; each mutation sealed (see sealMutation). */
+  faults?: PracticeFault[];
+  /** sha256 of every test file the folder was given, for the tamper check of `lab`. */
+  tests?: Record<string, string>;
+  /** The teaching files whose starter carries each lab's label: what `reset <lab>` restores. */
+  labFiles?: Record<string, string[]>;
+}
+
+/** A fault as the practice folder carries it: everything but the mutation in the open. */
+export type PracticeFault = Omit<Fault, "mutation"> & { sealed: string };
+
+/**
+ * The mutation quotes lines of the target's code. It travels base64-encoded so that opening pi-practice.json while
+ * still working on the chapter does not show those lines at a glance; `fault` opens it once the chapter is green.
+ */
+export function sealMutation(mutation: Edit[]): string {
+  return Buffer.from(JSON.stringify(mutation), "utf8").toString("base64");
+}
+
+export function unsealFault(fault: PracticeFault): Fault {
+  const { sealed, ...rest } = fault;
+  return { ...rest, mutation: JSON.parse(Buffer.from(sealed, "base64").toString("utf8")) as Edit[] };
+}
+
+/** The practice folder's own manifest (written by `practice`). */
+export function readPracticeManifest(root: string): PracticeManifest {
+  const raw = JSON.parse(fs.readFileSync(inTree(root, PRACTICE_MANIFEST), "utf8")) as PracticeManifest;
+  return { ...raw, labs: raw.labs.map((lab) => ({ ...lab, hints: lab.hints ?? [] })) };
 }
 
 /** Harness files a practice folder needs so that `npm run lab` works there. */
@@ -26,8 +58,36 @@ export function practiceManifest(c: Checkpoint, info: HistoryInfo): PracticeMani
   const ids = info.chapters.get(c.id)!;
   return {
     id: c.id, title: c.title, mode: c.mode, parent: ids.parent, target: ids.target, focusedTest: c.focusedTest,
-    teachingFiles: c.teachingFiles, labs: c.labs, firstRed: c.firstRed,
+    teachingFiles: c.teachingFiles, labs: c.labs, firstRed: c.firstRed, courseRoot: ROOT,
+    faults: c.faults.map(({ mutation, ...rest }) => ({ ...rest, sealed: sealMutation(mutation) })),
   };
+}
+
+/** Every file under the tree's test folder, repository-relative, with its sha256. */
+function testHashes(dest: string): Record<string, string> {
+  const hashes: Record<string, string> = {};
+  const walk = (rel: string): void => {
+    const full = inTree(dest, rel);
+    if (!fs.existsSync(full)) return;
+    for (const entry of fs.readdirSync(full, { withFileTypes: true }).sort((a, b) => (a.name < b.name ? -1 : 1))) {
+      if (entry.isDirectory()) walk(`${rel}/${entry.name}`);
+      else hashes[`${rel}/${entry.name}`] = sha256(fs.readFileSync(inTree(dest, `${rel}/${entry.name}`)));
+    }
+  };
+  walk(`${PACKAGE_DIR}/test`);
+  return hashes;
+}
+
+/** Lab id → the teaching files whose starter mentions `Lab N.M ` (the files that lab is built in). */
+function labFiles(c: Checkpoint): Record<string, string[]> {
+  const map: Record<string, string[]> = {};
+  for (const starter of c.starters) {
+    const text = fs.readFileSync(inTree(ROOT, starter.source), "utf8");
+    for (const lab of c.labs) {
+      if (new RegExp(`Lab ${lab.id.replace(".", "\\.")}(?!\\d)`).test(text)) (map[lab.id] ??= []).push(starter.destination);
+    }
+  }
+  return map;
 }
 
 /** Writes the practice tree into `dest`; `finalDir` is where it will live once renamed into place. */
@@ -52,8 +112,22 @@ export async function writePracticeTree(c: Checkpoint, info: HistoryInfo, dest: 
     test: "npm run build && node --test packages/pi-course/dist/test/*.test.js",
   };
   await fs.writeFile(inTree(dest, "package.json"), `${JSON.stringify(rootPackage, null, 2)}\n`);
-  await fs.writeFile(inTree(dest, ".gitignore"), "node_modules/\ndist/\n*.tsbuildinfo\n");
-  await fs.writeFile(inTree(dest, PRACTICE_MANIFEST), `${JSON.stringify(practiceManifest(c, info), null, 2)}\n`);
+  // The package's own scripts: `build` goes through the harness, so that a build before `npm install` says what to do.
+  const packageFile = inTree(dest, `${PACKAGE_DIR}/package.json`);
+  const pkg = JSON.parse(await fs.readFile(packageFile, "utf8")) as { scripts?: Record<string, string> };
+  pkg.scripts = { ...pkg.scripts, build: "node ../../scripts/launch.js build", reset: "node ../../scripts/launch.js reset" };
+  await fs.writeFile(packageFile, `${JSON.stringify(pkg, null, 2)}\n`);
+  await fs.writeFile(inTree(dest, ".gitignore"), ["node_modules/", "dist/", "*.tsbuildinfo", ...PRACTICE_IGNORES, ""].join("\n"));
+  const manifest: PracticeManifest = { ...practiceManifest(c, info), tests: testHashes(dest), labFiles: labFiles(c) };
+  await fs.writeFile(inTree(dest, PRACTICE_MANIFEST), `${JSON.stringify(manifest, null, 2)}\n`);
+  // Until the first build, the compiled focused test is a stand-in that says so (dist/ is ignored by git): the raw
+  // `node --test … dist/test/NN-*.test.js` of the guide then fails with that sentence instead of "could not find".
+  await fs.outputFile(inTree(dest, compiledTest(c.focusedTest)), [
+    "// Stand-in until the first build: `npm run build -w @pi/course` replaces this file with the compiled test.",
+    `console.log(${JSON.stringify("还没有构建：先运行 npm install（只需一次），再运行 npm run build -w @pi/course，然后重新运行这条命令。")});`,
+    "process.exitCode = 1;",
+    "",
+  ].join("\n"));
   const guide = inTree(ROOT, c.guide);
   if (fs.existsSync(guide)) await fs.copy(guide, inTree(dest, "GUIDE.md"));
   await fs.writeFile(inTree(dest, "LEARNING.md"), learningText(c, info, finalDir));
@@ -129,16 +203,22 @@ export function learningText(c: Checkpoint, info: HistoryInfo, dest: string): st
     "",
     "## 故障练习",
     "",
-    "全章变绿后，回到课程仓库，把故障注入你自己的实现，看指定测试变红，再自动恢复：",
+    "全章变绿后，就在这个目录里运行下面的命令：它把讲义里的故障注入你自己的实现，让指定测试变红，再恢复文件、",
+    "确认它重新变绿。中途被打断也没关系，下一条 harness 命令会先把文件恢复原样。",
     "",
     "```bash",
-    ...c.faults.map((f) => `npm run fault -w @pi/course -- ${c.id} ${f.id} --dir ${dest}   # Lab ${f.lab}`),
+    ...c.faults.map((f) => faultCommand(c.id, f.id)),
     "```",
     "",
     "章节讲义在 `GUIDE.md`。依赖可以复用课程仓库的版本，但不要把课程仓库里的实现复制进来。",
     "",
   );
   return lines.join("\n");
+}
+
+/** The one command a guide's fault section prints for a fault (verify checks the guides against it). */
+export function faultCommand(id: string, faultId: string): string {
+  return `npm run fault -w @pi/course -- ${id} ${faultId}`;
 }
 
 /** Folder names that must never appear in a practice tree. */

@@ -4,6 +4,7 @@ import { promisify } from "node:util";
 import os from "node:os";
 import path from "node:path";
 import fs from "node:fs"; // not fs-extra: the lab loop loads these modules on every run
+import { CourseError } from "./cli.js";
 import { PACKAGE_DIR, inTree } from "./paths.js";
 import { trackChild } from "./cleanup.js";
 import { type TestOutcome, type TestProcess, type TestProcessOptions, startTestProcess } from "./test-process.js";
@@ -44,7 +45,7 @@ function findTsc(root: string): { command: string; args: string[] } {
       return { command: process.execPath, args: [path.join(modules, "typescript", "bin", "tsc")] };
     if (path.dirname(dir) === dir) break;
   }
-  throw new Error("找不到 TypeScript 编译器：先在仓库根目录运行 npm install。");
+  throw new CourseError(`找不到 TypeScript 编译器：先在 ${root} 运行 npm install。`);
 }
 
 /** Compiled path of a test source: packages/pi-course/test/x.test.ts → packages/pi-course/dist/test/x.test.js. */

@@ -4,9 +4,10 @@ import path from "node:path";
 import fs from "fs-extra";
 import { type Checkpoint, chapterNumber, declaredFiles, totalTests } from "./manifest.js";
 import { type HistoryInfo, changedFiles, materialize, showFile, stalePins } from "./history.js";
-import { caughtExactly, greenAgain, injectFault, planMutation } from "./faults.js";
+import { faultInPractice } from "./practice-fault.js";
+import { PENDING_FAULT } from "./practice-state.js";
 import { courseTableCurrent } from "./docs.js";
-import { FORBIDDEN_IN_PRACTICE, writePracticeTree } from "./practice-tree.js";
+import { FORBIDDEN_IN_PRACTICE, faultCommand, readPracticeManifest, unsealFault, writePracticeTree } from "./practice-tree.js";
 import { PACKAGE_DIR, ROOT, inTree } from "./paths.js";
 import { buildPackage, compiledTest, compiledTests, firstLines, labOf, runTests } from "./tests.js";
 import { linkNodeModules } from "./trees.js";
@@ -80,6 +81,53 @@ export function leakedLines(parent: string, solution: string, starter: string): 
   return { leaked: fresh.filter((line) => given.has(line)), total: fresh.length };
 }
 
+/** The text of one `## ` section of a guide (without its heading), or undefined when the guide has none. */
+export function guideSection(text: string, heading: string): string | undefined {
+  const lines = text.split("\n");
+  const start = lines.findIndex((line) => line.trim() === heading);
+  if (start < 0) return undefined;
+  const end = lines.findIndex((line, index) => index > start && /^## /.test(line));
+  return lines.slice(start + 1, end < 0 ? undefined : end).join("\n");
+}
+
+/**
+ * A guide's fault section prints commands the learner types in a green practice folder: every line of its ```bash
+ * blocks is `npm run fault -w @pi/course -- NN <fault-id>` for a fault of the manifest, each fault exactly once;
+ * inline `npm run fault …` / `npm run lab …` must name this chapter's faults and labs; `--dir` is the old flow.
+ */
+export function faultSectionProblems(text: string, c: Pick<Checkpoint, "id" | "labs" | "faults">): string[] {
+  const section = guideSection(text, "## 故障练习");
+  if (section === undefined) return ["缺少这一小节"];
+  const problems: string[] = [];
+  const seen = new Map<string, number>();
+  const faultIds = new Set(c.faults.map((f) => f.id));
+  const faultPattern = new RegExp(`^npm run fault -w @pi/course -- ${c.id} ([a-z0-9-]+)$`);
+  for (const block of section.matchAll(/```bash\n([\s\S]*?)```/g)) {
+    for (const raw of block[1]!.split("\n")) {
+      const line = raw.trim();
+      if (line === "" || line.startsWith("#")) continue;
+      const match = faultPattern.exec(line);
+      if (!match) { problems.push(`命令块里只能有 ${faultCommand(c.id, "<故障 id>")}，却有：${line}`); continue; }
+      if (!faultIds.has(match[1]!)) problems.push(`${line}：清单里没有故障 ${match[1]}`);
+      seen.set(match[1]!, (seen.get(match[1]!) ?? 0) + 1);
+    }
+  }
+  for (const id of faultIds) {
+    const count = seen.get(id) ?? 0;
+    if (count !== 1) problems.push(`${faultCommand(c.id, id)} 应在命令块里出现 1 次，实际 ${count} 次`);
+  }
+  const labs = new Set([String(Number(c.id)), c.id, ...c.labs.map((l) => l.id)]);
+  for (const inline of section.matchAll(/`(npm run [^`]+)`/g)) {
+    const command = inline[1]!.trim();
+    const fault = faultPattern.exec(command);
+    const lab = /^npm run lab -w @pi\/course -- (\S+)$/.exec(command);
+    if (fault ? !faultIds.has(fault[1]!) : lab ? !labs.has(lab[1]!) : /^npm run (fault|lab)\b/.test(command))
+      problems.push(`行内命令在练习目录里不能照原样运行：${command}`);
+  }
+  if (/--dir\b/.test(section)) problems.push("提到了 --dir：故障练习现在直接在练习目录里运行，不需要它");
+  return problems;
+}
+
 export async function verifyCheckpoint(c: Checkpoint, info: HistoryInfo, work: string): Promise<CheckpointVerdict> {
   const started = Date.now();
   const findings: Finding[] = [];
@@ -107,6 +155,7 @@ export async function verifyCheckpoint(c: Checkpoint, info: HistoryInfo, work: s
     for (const label of CARD_LABELS) if (!text.includes(`**${label}**`)) fail("讲义", `${c.guide} 的 checkpoint 卡片缺少 **${label}**`);
     for (const section of GUIDE_SECTIONS) if (!text.includes(section)) fail("讲义", `${c.guide} 缺少小节 ${section}`);
     if (!text.includes(`chapter total: ${totalTests(c)}/`)) fail("讲义", `${c.guide} 的验收清单缺少 chapter total 记录`);
+    for (const problem of faultSectionProblems(text, c)) fail("讲义", `${c.guide} 的 ## 故障练习：${problem}`);
   }
 
   const focusedFile = compiledTest(c.focusedTest);
@@ -184,22 +233,30 @@ export async function verifyCheckpoint(c: Checkpoint, info: HistoryInfo, work: s
     }
   }
 
-  // (c) faults, on the target tree: each turns exactly its named test red; restoring turns them green again
-  if (targetBuild.ok && targetGreen) {
+  // (c) faults, as a learner meets them: the practice folder with the target's teaching files in place (a chapter
+  // that is green), and exactly the command the guide prints; the folder's own fault data drives it.
+  if (targetBuild.ok && targetGreen && practiceBuild.ok) {
+    for (const file of c.teachingFiles) await fs.outputFile(inTree(practice, file), await showFile(info.dir, ids.target, file));
+    const spec = readPracticeManifest(practice);
     let caught = 0;
-    for (const fault of c.faults) {
-      const plan = planMutation(fault, await fs.readFile(inTree(target, fault.file), "utf8"));
-      if (!plan.ok) { fail("故障", `${fault.id}：${plan.reason}（${fault.file}）`); continue; }
-      const run = await injectFault(target, c, fault, plan.mutated);
-      if (!run.built) { fail("故障", `${fault.id}：注入故障后无法构建（故障练习应当能编译）`); continue; }
-      if (caughtExactly(fault, run)) { caught += 1; continue; }
-      const red = run.outcomes.filter((o) => !o.passed).map((o) => o.name);
-      fail("故障", `${fault.id}：应只有 "${fault.test}" 变红，实际变红的是：${red.length === 0 ? "（没有）" : red.join("；")}`);
+    for (const sealed of spec.faults ?? []) {
+      const fault = unsealFault(sealed);
+      const log: string[] = [];
+      try {
+        const code = await faultInPractice(practice, spec, fault, (line) => log.push(line));
+        if (code === 0) { caught += 1; continue; }
+        fail("故障", `${faultCommand(c.id, fault.id)}（在全绿的练习目录里）没有成功：\n${log.slice(-8).map((l) => `      ${l}`).join("\n")}`);
+      } catch (error) {
+        fail("故障", `${faultCommand(c.id, fault.id)}（在全绿的练习目录里）被拒绝：${error instanceof Error ? error.message : String(error)}`);
+      }
     }
-    if (!(await greenAgain(target, c, c.labs.flatMap((lab) => lab.tests)))) fail("故障", "恢复故障后聚焦测试没有回到全绿");
+    for (const file of c.teachingFiles) {
+      if ((await fs.readFile(inTree(practice, file), "utf8")) !== (await showFile(info.dir, ids.target, file))) fail("故障", `故障练习之后 ${file} 没有恢复原样`);
+    }
+    if (fs.existsSync(path.join(practice, PENDING_FAULT))) fail("故障", `故障练习之后还留着恢复记录 ${PENDING_FAULT}`);
     notes.push(`故障 ${caught}/${c.faults.length}`);
   } else if (c.faults.length > 0) {
-    notes.push("故障 未检查（target 不是全绿）");
+    notes.push("故障 未检查（target 或练习目录没有构建通过）");
   }
   await fs.remove(target);
   await fs.remove(practice);

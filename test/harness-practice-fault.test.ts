@@ -1,0 +1,156 @@
+// Fault exercises inside a practice folder, on the learner's own file (issue 11 items 1–2): only once the chapter is
+// green, red then green, the file's bytes back; manual steps when the learner's code differs; and a run killed while
+// the mutation is on disk (SIGKILL, SIGHUP) is repaired by the next harness command in that folder.
+import test, { after, before } from "node:test";
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import path from "node:path";
+import fs from "fs-extra";
+import { loadCheckpoints, totalTests } from "../scripts/model/manifest.js";
+import { ensureHistory } from "../scripts/model/history.js";
+import { PENDING_FAULT, FAULTS_DONE } from "../scripts/model/practice-state.js";
+import { REPO, at, collect, course, git, learnerEnv, linkNodeModules, realChapter, tempDir, waitFor } from "./harness-helpers.js";
+
+const checkpoints = loadCheckpoints();
+const chapter = realChapter(checkpoints);
+const fault = chapter.faults[0]!;
+const n = Number(chapter.id);
+let scratch: string;
+let count = 0;
+
+before(async () => {
+  await ensureHistory(checkpoints);
+  scratch = await tempDir("practice-fault");
+});
+after(async () => {
+  await fs.remove(scratch);
+});
+
+/** A practice folder of the real chapter; `green` puts the target's teaching files in, as a learner who finished. */
+async function practiceFolder(green: boolean): Promise<string> {
+  const name = `p${(count += 1)}`;
+  const created = await course(REPO, "practice", [chapter.id, name], { caller: scratch });
+  assert.equal(created.code, 0, created.stderr);
+  const dir = path.join(scratch, name);
+  await linkNodeModules(dir);
+  if (green) {
+    for (const file of chapter.teachingFiles) {
+      await fs.writeFile(at(dir, file), await git(at(REPO, ".history"), ["show", `course/${chapter.id}:${file}`]));
+    }
+  }
+  return dir;
+}
+
+test(`练习目录里全章变绿后，fault ${chapter.id} ${fault.id} 在学习者自己的文件上先红后绿，文件字节不变，记下这次练习`, async () => {
+  const dir = await practiceFolder(true);
+  const before = await fs.readFile(at(dir, fault.file));
+  const result = await course(dir, "fault", [chapter.id, fault.id]);
+  assert.equal(result.code, 0, `${result.stdout}\n${result.stderr}`);
+  const total = totalTests(chapter);
+  assert.ok(result.stdout.includes(`chapter total: ${total}/${total}`), result.stdout);
+  const red = result.stdout.indexOf(`  ✗ ${fault.test}`);
+  const green = result.stdout.indexOf(`  ✓ ${fault.test}`);
+  assert.ok(red >= 0 && green > red, `应先红后绿：\n${result.stdout}`);
+  assert.ok(result.stdout.includes(`聚焦测试：${total - 1}/${total} 通过`), result.stdout);
+  assert.deepEqual(await fs.readFile(at(dir, fault.file)), before, "学习者的文件应恢复成原来的字节");
+  assert.equal(fs.existsSync(path.join(dir, PENDING_FAULT)), false, "恢复记录应已删除");
+  const done = JSON.parse(await fs.readFile(at(dir, FAULTS_DONE), "utf8")) as Array<{ id: string }>;
+  assert.deepEqual(done.map((d) => d.id), [fault.id]);
+  assert.equal((await git(dir, ["status", "--porcelain", "--", fault.file])).trim(), "M " + fault.file, "只有学习者自己的改动");
+});
+
+test("全章还没变绿：fault 说先完成哪个 lab，退出码非 0，不碰文件", async () => {
+  const dir = await practiceFolder(false);
+  const before = await fs.readFile(at(dir, fault.file));
+  const result = await course(dir, "fault", [chapter.id, fault.id]);
+  assert.notEqual(result.code, 0);
+  assert.ok(result.stderr.includes(`Lab ${n}.1 是 0/${chapter.labs[0]!.count}`), result.stderr);
+  assert.ok(result.stderr.includes(`npm run lab -w @pi/course -- ${n}.1`), result.stderr);
+  assert.doesNotMatch(result.stdout, /注入故障/);
+  assert.deepEqual(await fs.readFile(at(dir, fault.file)), before);
+});
+
+test("要改的代码在学习者的文件里找不到（或不止一处）：打印手动步骤，退出码非 0，文件不变", async () => {
+  const dir = await practiceFolder(true);
+  // Still green, but the text the fault looks for now occurs twice (once in a comment): no automatic edit.
+  const file = at(dir, fault.file);
+  await fs.appendFile(file, `\n/*\n${fault.mutation[0]!.find}\n*/\n`);
+  const before = await fs.readFile(file);
+  const result = await course(dir, "fault", [chapter.id, fault.id]);
+  assert.notEqual(result.code, 0, result.stdout);
+  assert.ok(result.stdout.includes("请手动完成"), result.stdout);
+  assert.ok(result.stdout.includes(`npm run lab -w @pi/course -- ${fault.lab}`), result.stdout);
+  assert.deepEqual(await fs.readFile(file), before);
+});
+
+test("练习目录里 fault 别的章节：说明这个目录属于哪一章，并给出本章的故障命令", async () => {
+  const dir = await practiceFolder(false);
+  const result = await course(dir, "fault", ["13", "poison-removal"]);
+  assert.equal(result.code, 2);
+  assert.ok(result.stderr.includes(`这个练习目录是第 ${chapter.id} 章的`), result.stderr);
+  assert.ok(result.stderr.includes(`npm run fault -w @pi/course -- ${chapter.id} ${fault.id}`), result.stderr);
+});
+
+/** Starts `fault` in `dir`, holding the mutation on disk; resolves once the learner's file is mutated. */
+async function heldFault(dir: string): Promise<{ child: ReturnType<typeof spawn>; done: ReturnType<typeof collect> }> {
+  const child = spawn(process.execPath, ["--import", "tsx", path.join(dir, "scripts", "fault.ts"), chapter.id, fault.id], {
+    cwd: at(dir, "packages/pi-course"), detached: true, stdio: ["ignore", "pipe", "pipe"],
+    env: learnerEnv({ INIT_CWD: dir, PI_COURSE_FAULT_PAUSE_MS: "60000" }),
+  });
+  const done = collect(child);
+  const original = await fs.readFile(at(dir, fault.file), "utf8");
+  try {
+    await waitFor("变异写进学习者的文件", () => (fs.readFileSync(at(dir, fault.file), "utf8") !== original ? true : undefined));
+  } catch (error) {
+    process.kill(-child.pid!, "SIGKILL");
+    await done.catch(() => undefined);
+    throw error;
+  }
+  return { child, done };
+}
+
+test("fault 在变异落盘时被 SIGKILL：文件仍是变异版本，下一次 lab 先恢复它（一行说明）并且全绿", async () => {
+  const dir = await practiceFolder(true);
+  const original = await fs.readFile(at(dir, fault.file));
+  const { child, done } = await heldFault(dir);
+  assert.ok(fs.existsSync(path.join(dir, PENDING_FAULT)), "变异落盘之前应已写好恢复记录");
+  process.kill(-child.pid!, "SIGKILL");
+  assert.equal((await done).signal, "SIGKILL");
+  assert.notDeepEqual(await fs.readFile(at(dir, fault.file)), original, "SIGKILL 无法被捕获：文件此刻仍是变异版本");
+
+  const lab = await course(dir, "lab", [String(n)]);
+  assert.equal(lab.code, 0, `${lab.stdout}\n${lab.stderr}`);
+  const first = lab.stdout.split("\n")[0]!;
+  assert.equal(first, `上一次故障练习 ${fault.id} 被中断：已把 ${fault.file} 恢复成注入前的内容。`);
+  const total = totalTests(chapter);
+  assert.match(lab.stdout, new RegExp(`^chapter total: ${total}/${total}$`, "m"));
+  assert.deepEqual(await fs.readFile(at(dir, fault.file)), original);
+  assert.equal(fs.existsSync(path.join(dir, PENDING_FAULT)), false);
+});
+
+test("fault 在变异落盘时收到 SIGHUP（关掉终端）：恢复文件后以 129 退出，不留恢复记录", async () => {
+  const dir = await practiceFolder(true);
+  const original = await fs.readFile(at(dir, fault.file));
+  const { child, done } = await heldFault(dir);
+  process.kill(-child.pid!, "SIGHUP");
+  const result = await done;
+  assert.equal(result.code, 129, result.stderr);
+  assert.ok(result.stderr.includes("收到 SIGHUP：已恢复"), result.stderr);
+  assert.deepEqual(await fs.readFile(at(dir, fault.file)), original);
+  assert.equal(fs.existsSync(path.join(dir, PENDING_FAULT)), false);
+});
+
+test("中断之后学习者又改了文件：保留学习者的版本，注入前的内容存进备份，并说出备份在哪", async () => {
+  const dir = await practiceFolder(true);
+  const original = await fs.readFile(at(dir, fault.file));
+  const { child, done } = await heldFault(dir);
+  process.kill(-child.pid!, "SIGKILL");
+  await done;
+  await fs.writeFile(at(dir, fault.file), `${original.toString("utf8")}\n// 我后来加的一行\n`);
+  const lab = await course(dir, "lab", [`${n}.1`]);
+  const first = lab.stdout.split("\n")[0]!;
+  assert.match(first, new RegExp(`^上一次故障练习 ${fault.id} 被中断，之后 .* 又被改过：保留你现在的版本，注入前的内容存在 (\\S+)。$`));
+  const backup = /存在 (\S+)。$/.exec(first)![1]!.replace(/^'|'$/g, "");
+  assert.deepEqual(await fs.readFile(path.join(dir, backup)), original);
+  assert.ok((await fs.readFile(at(dir, fault.file), "utf8")).endsWith("// 我后来加的一行\n"));
+});
