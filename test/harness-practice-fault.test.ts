@@ -100,7 +100,9 @@ async function heldFault(dir: string): Promise<{ child: ReturnType<typeof spawn>
   const done = collect(child);
   const original = await fs.readFile(at(dir, fault.file), "utf8");
   try {
-    await waitFor("变异写进学习者的文件", () => (fs.readFileSync(at(dir, fault.file), "utf8") !== original ? true : undefined));
+    // The mutation replaces the file by rename, after the record is on disk: a different file is the whole mutation.
+    await waitFor("变异写进学习者的文件", () =>
+      fs.existsSync(path.join(dir, PENDING_FAULT)) && fs.readFileSync(at(dir, fault.file), "utf8") !== original ? true : undefined);
   } catch (error) {
     process.kill(-child.pid!, "SIGKILL");
     await done.catch(() => undefined);

@@ -55,8 +55,16 @@ const EXIT_CODES: Record<string, number> = { SIGINT: 130, SIGTERM: 143, SIGHUP: 
  */
 export async function withMutation<T>(file: string, mutated: string, body: () => Promise<T>, record?: RecoveryRecord): Promise<T> {
   const original = await fs.readFile(file);
+  // With a record, the learner's file is replaced by rename, never rewritten in place: a kill at any moment leaves
+  // either the original or the whole mutation on disk, and the record's hashes recognise both.
+  const put = (bytes: Buffer | string): void => {
+    if (!record) { fs.writeFileSync(file, bytes); return; }
+    const mode = fs.statSync(file).mode;
+    writeDurably(file, bytes);
+    fs.chmodSync(file, mode);
+  };
   const restore = (): void => {
-    fs.writeFileSync(file, original);
+    put(original);
     if (record) fs.rmSync(record.path, { force: true });
   };
   const onSignal = (signal: NodeJS.Signals): void => {
@@ -74,7 +82,7 @@ export async function withMutation<T>(file: string, mutated: string, body: () =>
       };
       writeDurably(record.path, `${JSON.stringify(pending, null, 2)}\n`);
     }
-    await fs.writeFile(file, mutated);
+    put(mutated);
     // Lets the crash tests kill a run while the mutation is on disk.
     const pause = Number(process.env.PI_COURSE_FAULT_PAUSE_MS ?? 0);
     if (pause > 0) await new Promise((resolve) => setTimeout(resolve, pause));

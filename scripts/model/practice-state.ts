@@ -82,6 +82,7 @@ export function recoverPendingFault(root: string): string | undefined {
   if (pending.pid !== process.pid && alive(pending.pid))
     return `故障练习 ${pending.fault} 正在另一个进程（pid ${pending.pid}）里运行，${pending.file} 此刻是注入了故障的版本；等它结束再运行。`;
   const file = inTree(root, pending.file);
+  fs.rmSync(`${file}.tmp-${pending.pid}`, { force: true }); // a replacement that was cut short before its rename
   const original = Buffer.from(pending.original, "base64");
   const now = fs.existsSync(file) ? fs.readFileSync(file) : undefined;
   const hash = now === undefined ? undefined : sha256(now);
