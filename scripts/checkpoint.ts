@@ -5,6 +5,7 @@ import { type Checkpoint, chapterNumber, findCheckpoint, focusedGlob, loadCheckp
 import { type HistoryInfo, diffText, ensureHistory, materialize } from "./model/history.js";
 import { ROOT, isInside, resolveFromCaller } from "./model/paths.js";
 import { checkDestination, writeNewFolder } from "./model/destination.js";
+import { quotePath } from "./model/quote.js";
 
 const USAGE = "用法：npm run checkpoint -w @pi/course -- <章节 00..NN> [--diff] [--checkout 目录]";
 
@@ -66,13 +67,13 @@ await main(async (args) => {
   const c = findCheckpoint(checkpoints, args[0], USAGE);
   // A bad destination is refused before the history is built.
   const wanted = checkoutArg === undefined ? undefined : resolveFromCaller(checkoutArg);
-  if (wanted !== undefined && isInside(wanted, ROOT)) throw new CourseError(`目标目录不能位于课程仓库之内：${wanted}`, 2);
+  if (wanted !== undefined && isInside(wanted, ROOT)) throw new CourseError(`目标目录不能位于课程仓库之内：${quotePath(wanted)}`, 2);
   const dest = wanted === undefined ? undefined : checkDestination(wanted, "目标目录");
   const info = await ensureHistory(checkpoints, { log: console.log });
   const ids = info.chapters.get(c.id)!;
   if (dest !== undefined) {
     await writeNewFolder(dest, "目标目录", (temp) => materialize(info.dir, ids.target, temp));
-    console.log(`已把 checkpoint ${c.id} 的 target（${ids.target}）写到 ${dest}`);
+    console.log(`已把 checkpoint ${c.id} 的 target（${ids.target}）写到 ${quotePath(dest)}`);
     return 0;
   }
   console.log(card(c, info));

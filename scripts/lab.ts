@@ -1,41 +1,130 @@
-// npm run lab -w @pi/course -- 13.1 | 13 [--watch]
+// npm run lab -w @pi/course -- 13.1 | 13 [--watch] [--strict]
 // Builds incrementally, runs node's test runner with an anchored lab pattern and prints `Lab 13.1: 0/2` lines.
+// Exit code of a red run: 1 for scripts and CI (`--strict`, CI=true, or output that is not a terminal); at a learner's
+// terminal 0, so that npm does not append its seven-line "Lifecycle script failed" block after our own last line.
 import fs from "node:fs"; // not fs-extra: the lab loop loads these modules on every run
+import path from "node:path";
 import { CourseError, main, rejectUnknownOptions, takeFlag } from "./model/cli.js";
-import { type ChapterSpec, formatLabReport, runLab } from "./model/labs.js";
+import { type ChapterSpec, type LabReport, firstWait, formatLabReport, runLab } from "./model/labs.js";
 import { loadCheckpoints, parseChapterArg } from "./model/manifest.js";
 import { PACKAGE_DIR, PRACTICE_MANIFEST, ROOT, inTree, isPracticeRoot } from "./model/paths.js";
-import type { PracticeManifest } from "./model/practice-tree.js";
+import { faultLine, readFaultsDone, tamperedTests } from "./model/practice-state.js";
+import { type PracticeManifest, faultCommand, readPracticeManifest } from "./model/practice-tree.js";
+import { quotePath } from "./model/quote.js";
 
-const USAGE = "用法：npm run lab -w @pi/course -- <章.lab | 章> [--watch]   例如 13.1（只跑 Lab 13.1）或 13（全章验收）";
+const USAGE = "用法：npm run lab -w @pi/course -- <章.lab | 章> [--watch] [--strict]   例如 13.1（只跑 Lab 13.1）或 13（全章验收）";
+
+/** Practice folders next to this checkout that it created, for chapter `id` (the default place is ../pi-practice-NN). */
+function practiceFoldersOf(id: string): string[] {
+  const parent = path.dirname(ROOT);
+  const real = (p: string): string => { try { return fs.realpathSync(p); } catch { return p; } };
+  const me = real(ROOT);
+  const found: string[] = [];
+  for (const name of fs.readdirSync(parent).sort()) {
+    const manifest = path.join(parent, name, PRACTICE_MANIFEST);
+    if (!fs.existsSync(manifest)) continue;
+    try {
+      const m = JSON.parse(fs.readFileSync(manifest, "utf8")) as { id?: string; courseRoot?: string };
+      if (m.id === id && m.courseRoot !== undefined && real(m.courseRoot) === me) found.push(path.join(parent, name));
+    } catch {
+      // not ours to judge
+    }
+  }
+  return found;
+}
+
+/** In the course root the lab runs the course's own answer: say so, and where the learner's own folder is. */
+function courseRootBanner(id: string, arg: string): string {
+  const folders = practiceFoldersOf(id);
+  const where = folders.length > 0
+    ? `你的第 ${id} 章练习目录：${folders.map(quotePath).join("、")}；在那里运行：cd ${quotePath(folders[folders.length - 1]!)} && npm run lab -w @pi/course -- ${arg}`
+    : `还没有第 ${id} 章的练习目录，先建一个：npm run practice -w @pi/course -- ${id} ../pi-practice-${id}`;
+  return `这里是课程仓库：下面跑的是课程自己的答案，不是你的代码。${where}`;
+}
 
 function chapterSpec(id: string): ChapterSpec {
   if (isPracticeRoot()) {
-    const practice = JSON.parse(fs.readFileSync(inTree(ROOT, PRACTICE_MANIFEST), "utf8")) as PracticeManifest;
+    const practice = readPracticeManifest(ROOT);
+    if (practice.id === id) {
+      missingTeachingFile(practice);
+      return practice;
+    }
+    if (Number(id) > Number(practice.id)) {
+      const course = practice.courseRoot ? `cd ${quotePath(practice.courseRoot)} && ` : "在课程仓库里运行 ";
+      throw new CourseError(`这个练习目录是第 ${practice.id} 章的，还没有第 ${id} 章的测试。第 ${id} 章另建一个练习目录：${course}npm run practice -w @pi/course -- ${id} ../pi-practice-${id}`, 2);
+    }
     // Earlier chapters have no manifest here: their labs are read from the test titles instead.
-    return practice.id === id ? practice : { id };
+    return { id };
   }
   const found = loadCheckpoints().find((c) => c.id === id);
   if (!found) throw new CourseError(`找不到 checkpoint ${id}；${USAGE}`, 2);
   return found;
 }
 
+/** A teaching file the learner deleted (or renamed) would become a compiler error about a module; name it instead. */
+function missingTeachingFile(practice: PracticeManifest): void {
+  const missing = practice.teachingFiles.find((file) => !fs.existsSync(inTree(ROOT, file)));
+  if (!missing) return;
+  const lab = Object.entries(practice.labFiles ?? {}).find(([, files]) => files.includes(missing))?.[0] ?? practice.id;
+  throw new CourseError(`教学文件 ${missing} 不见了（删掉了，还是改了名？）。恢复它的脚手架：npm run reset -w @pi/course -- ${lab}（现有的版本会先备份）`, 2);
+}
+
+/** The lines after a green whole chapter in a practice folder: the fault exercise and the acceptance questions. */
+function nextSteps(practice: PracticeManifest): string[] {
+  const done = new Set(readFaultsDone(ROOT).map((d) => d.id));
+  const open = (practice.faults ?? []).filter((f) => !done.has(f.id));
+  if (open.length === 0) return ["故障练习都做过了（见上面的 fault 行）。最后回答 GUIDE.md「验收清单」里的问题。"];
+  return [
+    "下一步：故障练习（GUIDE.md「故障练习」），在这里运行：",
+    ...open.map((f) => `  ${faultCommand(practice.id, f.id)}   # Lab ${f.lab}`),
+    "然后回答 GUIDE.md「验收清单」里的问题。",
+  ];
+}
+
 async function once(id: string, lab: string | undefined, watching = false): Promise<boolean> {
   const spec = chapterSpec(id);
-  const report = await runLab(ROOT, spec, lab);
+  const inPractice = isPracticeRoot();
+  const arg = lab ?? String(Number(id));
+  const banner = inPractice ? undefined : courseRootBanner(id, arg);
+  if (banner) console.log(banner);
+  // This folder's own chapter (not an earlier one, whose spec carries only its id).
+  const own = inPractice && spec.labs !== undefined ? (spec as PracticeManifest) : undefined;
+  const report: LabReport = await runLab(ROOT, spec, lab);
   console.log(`（构建 ${(report.buildMs / 1000).toFixed(2)} s · 测试 ${(report.testMs / 1000).toFixed(2)} s · ${report.file}）`);
-  console.log(formatLabReport(report, lab === undefined));
-  if (report.ok) console.log(lab ? `Lab ${lab} 全部通过。下一步：继续下一个 lab，或运行整章 npm run lab -w @pi/course -- ${Number(id)}` : `第 ${id} 章全部通过。`);
-  else console.log(watching ? "先看第一条失败：它说明了缺什么；改完保存即可。" : "先看第一条失败：它说明了缺什么；改完保存后重新运行同一条命令（或加 --watch 让它自动重跑）。");
+  // The tamper check: a given test that changed makes any green below worthless; say so before the results.
+  const tampered = inPractice ? tamperedTests(ROOT, readPracticeManifest(ROOT).tests) : [];
+  if (tampered.length > 0)
+    console.log(`⚠ 测试文件与练习目录创建时不同：${tampered.join("、")}。改过的测试量不出你的代码，下面的结果不算数；恢复：npm run reset -w @pi/course -- tests`);
+  // The acceptance record carries a line per fault exercise run to the end in this folder, in the guide's order.
+  const done = own && lab === undefined ? readFaultsDone(ROOT) : [];
+  const faults = (own?.faults ?? []).filter((f) => done.some((d) => d.id === f.id)).map(faultLine);
+  console.log(formatLabReport(report, lab === undefined, faults));
+  if (report.ok) {
+    const suffix = tampered.length > 0 ? "（但测试被改过，这次通过不算数）" : "";
+    console.log(lab ? `Lab ${lab} 全部通过${suffix}。下一步：继续下一个 lab，或运行整章 npm run lab -w @pi/course -- ${Number(id)}` : `第 ${id} 章全部通过${suffix}。`);
+    if (own && lab === undefined && tampered.length === 0) for (const line of nextSteps(own)) console.log(line);
+  } else {
+    const wait = firstWait(report);
+    if (wait) console.log(`Lab ${wait.lab} 等待 Lab ${wait.waiting}：先完成 Lab ${wait.waiting}（npm run lab -w @pi/course -- ${wait.waiting}），再回来。`);
+    else console.log(watching ? "先看第一条失败：它说明了缺什么；改完保存即可。" : "先看第一条失败：它说明了缺什么；改完保存后重新运行同一条命令（或加 --watch 让它自动重跑）。");
+  }
+  if (banner) console.log(banner);
   return report.ok;
+}
+
+/** Scripts and CI get a non-zero exit for a red run; a learner at a terminal gets the harness's own last line. */
+function redExit(strict: boolean): number {
+  const ci = process.env.CI !== undefined && process.env.CI !== "" && process.env.CI !== "false" && process.env.CI !== "0";
+  return strict || ci || !process.stdout.isTTY ? 1 : 0;
 }
 
 await main(async (args) => {
   const watch = takeFlag(args, "--watch");
+  const strict = takeFlag(args, "--strict");
   rejectUnknownOptions(args);
   const parsed = parseChapterArg(args[0]);
   if (!parsed || args.length !== 1) throw new CourseError(USAGE, 2);
-  if (!watch) return (await once(parsed.id, parsed.lab)) ? 0 : 1;
+  if (!watch) return (await once(parsed.id, parsed.lab)) ? 0 : redExit(strict);
 
   const run = async (): Promise<void> => {
     try {

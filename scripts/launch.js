@@ -108,7 +108,9 @@ if (entry) {
   process.argv = [process.argv[0], entry, ...args];
   await import(pathToFileURL(entry).href);
 } else if (!installed("tsx/package.json")) {
-  console.error(`无法运行 ${command}：还没有安装依赖。先在 ${root} 运行 npm install，再重试。`);
+  // The path quoted as scripts/model/quote.ts does (plain, or single quotes: literal in bash and PowerShell).
+  const shown = /^[A-Za-z0-9_\-./:@%+=,]+$/.test(root) ? root : `'${root.replace(/'/g, "'\\''")}'`;
+  console.error(`无法运行 ${command}：还没有安装依赖。先运行 cd ${shown} && npm install，再重试。`);
   process.exitCode = 1;
 } else {
   // The TypeScript itself, through tsx. Ctrl-C reaches the child from the terminal; we wait for it to clean up.

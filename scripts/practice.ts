@@ -9,6 +9,7 @@ import { ensureHistory, quietGit } from "./model/history.js";
 import { ROOT, isInside, resolveFromCaller } from "./model/paths.js";
 import { writePracticeTree } from "./model/practice-tree.js";
 import { checkDestination, writeNewFolder } from "./model/destination.js";
+import { quotePath } from "./model/quote.js";
 
 const USAGE = "用法：npm run practice -w @pi/course -- <章节> [练习目录]   例如 13 ../pi-practice-13（相对于你当前所在的目录）";
 const SIGNALS = ["SIGINT", "SIGTERM", "SIGHUP"] as const;
@@ -19,7 +20,7 @@ await main(async (args) => {
   const checkpoints = loadCheckpoints();
   const c = findCheckpoint(checkpoints, args[0], USAGE);
   const wanted = resolveFromCaller(args[1] ?? `../pi-practice-${c.id}`);
-  if (isInside(wanted, ROOT)) throw new CourseError(`练习目录必须位于课程仓库之外：${wanted}`, 2);
+  if (isInside(wanted, ROOT)) throw new CourseError(`练习目录必须位于课程仓库之外：${quotePath(wanted)}`, 2);
   const dest = checkDestination(wanted, "练习目录");
 
   // The temporary sibling, the lock and any parent folder this run made are removed on the way out (cleanup.ts).
@@ -49,9 +50,9 @@ await main(async (args) => {
   const n = chapterNumber(c);
   const shown = path.relative(process.env.INIT_CWD ?? process.cwd(), dest) || ".";
   console.log([
-    `已创建第 ${c.id} 章的练习目录（${c.mode}）：${dest}`,
-    `先读 ${path.join(shown, "LEARNING.md")}，然后：`,
-    `  cd ${shown}`,
+    `已创建第 ${c.id} 章的练习目录（${c.mode}）：${quotePath(dest)}`,
+    `先读 ${quotePath(path.join(shown, "LEARNING.md"))}，然后：`,
+    `  cd ${quotePath(shown)}`,
     "  npm install",
     "  npm run build -w @pi/course",
     `  node --test --test-name-pattern="Lab ${n}.1" ${focusedGlob(c.id)}`,

@@ -69,12 +69,31 @@ export function compareLab(a: string, b: string): number {
   return a1 - b1 || a2 - b2;
 }
 
-/** Human-readable report: `Lab 13.1: 0/2` lines with the first failure of each red test, then the chapter total. */
-export function formatLabReport(report: LabReport, whole: boolean): string {
+/**
+ * The other lab a red test is waiting for: its failure is another lab's starter label (`Lab 9.2 lifecycle 尚未实现`
+ * in a Lab 9.3 test), so the fix is there, not here.
+ */
+export function waitingFor(lab: string, error: string): { lab: string; label: string } | undefined {
+  const match = /Lab (\d+\.\d+) [^\n]*?尚未实现/.exec(error);
+  return match && match[1] !== lab ? { lab: match[1]!, label: match[0] } : undefined;
+}
+
+/** The labs a verdict waits for (each once, in order of appearance). */
+function waits(v: LabVerdict): string[] {
+  const found = v.outcomes.filter((o) => !o.passed).map((o) => waitingFor(v.lab, o.error)?.lab).filter((x): x is string => x !== undefined);
+  return [...new Set(found)];
+}
+
+/**
+ * Human-readable report: `Lab 13.1: 0/2` lines with the first failure of each red test (or the lab it waits for),
+ * then, for a whole chapter, the fault lines of this folder and the chapter total.
+ */
+export function formatLabReport(report: LabReport, whole: boolean, faultLines: string[] = []): string {
   const lines: string[] = [];
   for (const v of report.verdicts) {
     const denominator = v.expected ?? v.ran;
-    lines.push(`Lab ${v.lab}: ${v.passed}/${denominator}`);
+    const waiting = waits(v);
+    lines.push(`Lab ${v.lab}: ${v.passed}/${denominator}${waiting.length > 0 ? `（等待 ${waiting.map((w) => `Lab ${w}`).join("、")}）` : ""}`);
     if (v.ran === 0) {
       lines.push(`  ✗ 没有匹配到任何测试：测试标题必须以 "Lab ${v.lab} · " 开头。`);
       lines.push("    标题没错却仍然是 0：测试进程在报告任何结果之前就退出了，看看被测代码是否调用了 process.exit。");
@@ -82,13 +101,29 @@ export function formatLabReport(report: LabReport, whole: boolean): string {
     else if (v.expected !== undefined && v.ran !== v.expected) lines.push(`  ✗ 清单说 Lab ${v.lab} 有 ${v.expected} 个测试，实际运行了 ${v.ran} 个。`);
     for (const o of v.outcomes.filter((x) => !x.passed)) {
       lines.push(`  ✗ ${o.name}`);
+      const other = waitingFor(v.lab, o.error);
+      if (other) {
+        lines.push(`      Lab ${v.lab} 等待 Lab ${other.lab}：这项测试要用到 Lab ${other.lab} 的部分，它还没实现（${other.label}）。`);
+        lines.push(`      先完成 Lab ${other.lab}（npm run lab -w @pi/course -- ${other.lab}），这项测试才测得到 Lab ${v.lab} 自己的代码。`);
+        continue;
+      }
       for (const line of firstLines(o.error, 4).split("\n")) lines.push(`      ${line}`);
     }
   }
   if (whole) {
+    lines.push(...faultLines);
     const passed = report.verdicts.reduce((sum, v) => sum + v.passed, 0);
     const expected = report.verdicts.reduce((sum, v) => sum + (v.expected ?? v.ran), 0);
     lines.push(`chapter total: ${passed}/${expected}`);
   }
   return lines.join("\n");
+}
+
+/** The first lab this report waits for, for the closing line of a red run (undefined when none). */
+export function firstWait(report: LabReport): { lab: string; waiting: string } | undefined {
+  for (const v of report.verdicts) {
+    const w = waits(v)[0];
+    if (w) return { lab: v.lab, waiting: w };
+  }
+  return undefined;
 }

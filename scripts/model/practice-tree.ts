@@ -115,7 +115,7 @@ export async function writePracticeTree(c: Checkpoint, info: HistoryInfo, dest: 
   // The package's own scripts: `build` goes through the harness, so that a build before `npm install` says what to do.
   const packageFile = inTree(dest, `${PACKAGE_DIR}/package.json`);
   const pkg = JSON.parse(await fs.readFile(packageFile, "utf8")) as { scripts?: Record<string, string> };
-  pkg.scripts = { ...pkg.scripts, build: "node ../../scripts/launch.js build", reset: "node ../../scripts/launch.js reset" };
+  pkg.scripts = { ...pkg.scripts, build: "node ../../scripts/launch.js build" };
   await fs.writeFile(packageFile, `${JSON.stringify(pkg, null, 2)}\n`);
   await fs.writeFile(inTree(dest, ".gitignore"), ["node_modules/", "dist/", "*.tsbuildinfo", ...PRACTICE_IGNORES, ""].join("\n"));
   const manifest: PracticeManifest = { ...practiceManifest(c, info), tests: testHashes(dest), labFiles: labFiles(c) };
@@ -199,6 +199,7 @@ export function learningText(c: Checkpoint, info: HistoryInfo, dest: string): st
     `npm run lab -w @pi/course -- ${n}.1        # 同一件事：先构建，只跑 Lab ${n}.1（锚定匹配），逐条给出失败原因`,
     `npm run lab -w @pi/course -- ${n}.1 --watch  # 保存文件后自动重跑`,
     `npm run lab -w @pi/course -- ${n}          # 全章验收记录，最后一行是 chapter total`,
+    `npm run reset -w @pi/course -- ${n}.1      # 改乱了：把这个 lab 的教学文件恢复成脚手架（你的版本先备份）`,
     "```",
     "",
     "## 故障练习",
