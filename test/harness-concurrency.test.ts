@@ -3,11 +3,12 @@
 // the (empty) folder during a run is never deleted.
 import test, { after, before } from "node:test";
 import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
 import path from "node:path";
 import fs from "fs-extra";
 import { loadCheckpoints } from "../scripts/model/manifest.js";
 import { ensureHistory } from "../scripts/model/history.js";
-import { REPO, copyCourse, course, freshDir, lines, realChapter, tempDir, waitFor } from "./harness-helpers.js";
+import { REPO, collect, copyCourse, course, freshDir, learnerEnv, lines, realChapter, tempDir, waitFor } from "./harness-helpers.js";
 
 const checkpoints = loadCheckpoints();
 const chapter = realChapter(checkpoints);
@@ -76,4 +77,24 @@ test("两条 practice 同时写同一个目录：恰好一条成功，另一条�
   assert.deepEqual(await fs.readdir(caller), ["p"]);
   assert.ok(fs.existsSync(path.join(caller, "p", "pi-practice.json")));
   assert.ok(fs.existsSync(path.join(caller, "p", ".git")));
+});
+
+test("构建历史的进程被 SIGKILL：留下的锁属于已退出的进程，下一条命令接管它、建好历史，什么也不留下", async () => {
+  const copy = path.join(scratch, "killed-build");
+  await copyCourse(copy);
+  const child = spawn(process.execPath, ["--import", "tsx", "scripts/history.ts"], {
+    cwd: copy, stdio: ["ignore", "pipe", "pipe"], env: learnerEnv({ INIT_CWD: copy }),
+  });
+  const done = collect(child);
+  await waitFor(".history.building-<pid>", () => (fs.readdirSync(copy).some((name) => name.startsWith(".history.building-")) ? true : undefined));
+  child.kill("SIGKILL");
+  await done;
+  assert.equal((await fs.readFile(path.join(copy, ".history.lock"), "utf8")).trim(), String(child.pid), "SIGKILL 来不及释放锁");
+
+  const next = await course(copy, "checkpoint", [chapter.id]);
+  assert.equal(next.code, 0, next.stderr);
+  assert.ok(lines(next.stdout).includes(REBUILD), next.stdout);
+  assert.doesNotMatch(next.stdout, /正在构建教学历史，等它完成/, "锁的主人已经不在了，不应等它");
+  const leftovers = (await fs.readdir(copy)).filter((name) => name.startsWith(".history") && name !== ".history");
+  assert.deepEqual(leftovers, []);
 });
