@@ -147,3 +147,10 @@ test("不允许替换别人的目录（EPERM，粘滞位目录里别人的空目
     assert.equal(result.code, 0, result.stderr); // our own empty folder: replacing it is allowed
   }
 });
+
+test("一个不接受新文件的目录（/proc）：一行说明，不是“找不到”某个内部文件", async () => {
+  const caller = await freshDir(scratch, "proc");
+  const result = await course(REPO, "practice", [chapter.id, "/proc/pi-course-practice"], { caller });
+  assertOneLine(result, "无法在 /proc 里创建文件或目录（ENOENT）：这个位置不接受新文件，换一个普通目录。");
+  assert.deepEqual(await fs.readdir(caller), []);
+});

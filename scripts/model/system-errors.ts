@@ -1,5 +1,6 @@
 // One line for a failed file operation (EACCES, ENOSPC, a name too long, …): every command's entry point uses it,
 // so that no bad input ends in a stack trace. No imports of the harness: cli.ts loads it.
+import fs from "node:fs";
 import path from "node:path";
 
 export function noPermission(dir: string, code: string): string {
@@ -30,6 +31,9 @@ export function systemErrorLine(error: unknown): string | undefined {
     case "ELOOP":
       return `路径 ${where} 里的符号链接绕成了圈（ELOOP）：修好或删掉这些链接。`;
     case "ENOENT":
+      // The folder is there but refuses new entries (/proc, a removed working folder): not a typo in the path.
+      if (where && ENTRY_CALLS.has(e.syscall) && fs.existsSync(path.dirname(where)))
+        return `无法在 ${path.dirname(where)} 里创建文件或目录（ENOENT）：这个位置不接受新文件，换一个普通目录。`;
       return `找不到 ${where}（ENOENT）：检查路径是否拼写正确、是否被移走。`;
     case "EMFILE":
     case "ENFILE":
