@@ -16,6 +16,7 @@ import { ensureHistory } from "./model/history.js";
 import { PACKAGE_DIR, ROOT, inTree } from "./model/paths.js";
 import { compiledTest } from "./model/tests.js";
 import { linkNodeModules, makeTempDir } from "./model/trees.js";
+import { removeOnExit } from "./model/cleanup.js";
 
 const USAGE = "用法：npm run bench [-- --chapter NN] [--runs N] [--practice-runs N] [--verify] [--stream-only]";
 const TARGETS = { lab: 0.8, practice: 1, verify: 600 };
@@ -97,6 +98,7 @@ await main(async (args) => {
   console.log(`机器：${os.cpus().length} 核 · node ${process.version} · 负载 ${os.loadavg().map((l) => l.toFixed(1)).join(" / ")}`);
   await ensureHistory(checkpoints, { log: console.log });
   const work = await makeTempDir("bench");
+  const forget = removeOnExit(work); // Ctrl-C in the middle of a long benchmark leaves nothing either
   try {
     // ① Creating a practice folder, without npm install; npm and the direct command alternate so drift hits both.
     console.log(`\n① 创建练习目录 × ${practiceRuns}（npm run practice 与 node scripts/launch.js 交替）…`);
@@ -222,5 +224,6 @@ await main(async (args) => {
     return 0;
   } finally {
     await fs.remove(work);
+    forget();
   }
 });
