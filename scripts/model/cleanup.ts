@@ -137,6 +137,20 @@ function holderOf(file: string): number | undefined {
   }
 }
 
+/**
+ * link(2) the complete claim file to the lock's name. File systems without hard links (exFAT on a USB stick, some
+ * network shares) get an exclusive create instead, which is just as atomic but briefly empty.
+ */
+function placeLock(claim: string, file: string): void {
+  try {
+    fs.linkSync(claim, file);
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code;
+    if (code !== "EPERM" && code !== "ENOTSUP" && code !== "EOPNOTSUPP" && code !== "ENOSYS" && code !== "EXDEV") throw error;
+    fs.writeFileSync(file, `${process.pid}\n`, { flag: "wx" });
+  }
+}
+
 export type LockAttempt = { ok: true; release: () => void } | { ok: false; holder: number };
 
 /**
@@ -155,7 +169,7 @@ export function tryLock(file: string): LockAttempt {
   try {
     for (let attempt = 0; attempt < 5; attempt += 1) {
       try {
-        fs.linkSync(claim, file);
+        placeLock(claim, file);
         const forget = removeOnExit(file, () => holderOf(file) === process.pid);
         return {
           ok: true,
