@@ -9,7 +9,7 @@ import path from "node:path";
 import fs from "fs-extra";
 import { loadCheckpoints } from "../scripts/model/manifest.js";
 import { ensureHistory } from "../scripts/model/history.js";
-import { PACKAGE, REPO, at, collect, copyCourse, course, freshDir, learnerEnv, lines, realChapter, tempDir, type Result } from "./harness-helpers.js";
+import { PACKAGE, REPO, at, collect, copyCourse, course, freshDir, learnerEnv, lines, realChapter, run, tempDir, type Result } from "./harness-helpers.js";
 
 const checkpoints = loadCheckpoints();
 const chapter = realChapter(checkpoints);
@@ -153,4 +153,20 @@ test("一个不接受新文件的目录（/proc）：一行说明，不是“找
   const result = await course(REPO, "practice", [chapter.id, "/proc/pi-course-practice"], { caller });
   assertOneLine(result, "无法在 /proc 里创建文件或目录（ENOENT）：这个位置不接受新文件，换一个普通目录。");
   assert.deepEqual(await fs.readdir(caller), []);
+});
+
+test("TMPDIR 指向一个文件或不存在的目录：practice 与 fault 各一行，点名 TMPDIR，什么也不创建", async () => {
+  const caller = await freshDir(scratch, "tmpdir");
+  const file = path.join(caller, "tmp-file");
+  await fs.writeFile(file, "x\n");
+  const missing = path.join(caller, "no-tmp");
+  // Through the launcher, as npm starts it (tsx, the fallback, keeps its own cache in TMPDIR).
+  const launch = (command: string, args: string[], tmp: string): Promise<Result> =>
+    run(process.execPath, [path.join(REPO, "scripts", "launch.js"), command, ...args], { cwd: REPO, env: { INIT_CWD: caller, TMPDIR: tmp } });
+  for (const [tmp, code] of [[file, "ENOTDIR"], [missing, "ENOENT"]] as const) {
+    const expected = `临时目录 ${tmp} 不能用（${code}）：让 TMPDIR 指向一个存在且可写的目录（或不设置它），再重试。`;
+    assertOneLine(await launch("practice", [chapter.id, "p"], tmp), expected);
+    assertOneLine(await launch("fault", [chapter.id, chapter.faults[0]!.id], tmp), expected);
+  }
+  assert.deepEqual(await fs.readdir(caller), ["tmp-file"]);
 });

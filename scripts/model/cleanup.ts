@@ -99,6 +99,24 @@ export function trackChild<T extends ChildProcess>(child: T): T {
 const STALE_TEMP = [/^pi-course-.+-pid(\d+)-[A-Za-z0-9]{6}$/, /^pi-course-tar-pid(\d+)-.+\.tar$/, /^pi-course-(\d+)-[0-9a-f]{12}-\d+\.tar$/];
 let sweptTemp = false;
 
+let tmpdirChecked = false;
+
+/** os.tmpdir(), once checked to be a writable folder: a TMPDIR that points elsewhere is named as the cause. */
+export function checkedTmpdir(): string {
+  const dir = os.tmpdir();
+  if (tmpdirChecked) return dir;
+  try {
+    if (!fs.statSync(dir).isDirectory()) throw Object.assign(new Error("not a folder"), { code: "ENOTDIR" });
+    // A real probe: access() says yes for root in /proc, where nothing can be created.
+    fs.rmdirSync(fs.mkdtempSync(path.join(dir, `pi-course-probe-pid${process.pid}-`)));
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code ?? "?";
+    throw new CourseError(`临时目录 ${dir} 不能用（${code}）：让 TMPDIR 指向一个存在且可写的目录（或不设置它），再重试。`);
+  }
+  tmpdirChecked = true;
+  return dir;
+}
+
 /** Once per process: removes the temp entries of runs that are gone (SIGKILL, a power cut). */
 export function sweepStaleTemp(dir = os.tmpdir()): string[] {
   if (sweptTemp && dir === os.tmpdir()) return [];

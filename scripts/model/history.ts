@@ -6,14 +6,13 @@
 import { createHash } from "node:crypto";
 import { execFile } from "node:child_process";
 import { promisify } from "node:util";
-import os from "node:os";
 import path from "node:path";
 import fs from "fs-extra";
 import { simpleGit, type SimpleGit } from "simple-git";
 import { CourseError } from "./cli.js";
 import type { Checkpoint } from "./manifest.js";
 import { PACKAGE_DIR, ROOT, inTree } from "./paths.js";
-import { removeOnExit, sweepStaleTemp, trackChild, waitForLock } from "./cleanup.js";
+import { checkedTmpdir, removeOnExit, sweepStaleTemp, trackChild, waitForLock } from "./cleanup.js";
 import { sweepStaleSiblings } from "./trees.js";
 
 const execFileAsync = promisify(execFile);
@@ -291,7 +290,7 @@ export async function ensureHistory(checkpoints: Checkpoint[], options: { root?:
 export async function materialize(dir: string, commit: string, dest: string): Promise<void> {
   await fs.ensureDir(dest);
   sweepStaleTemp();
-  const tar = path.join(os.tmpdir(), `pi-course-tar-pid${process.pid}-${commit.slice(0, 12)}-${Date.now()}.tar`);
+  const tar = path.join(checkedTmpdir(), `pi-course-tar-pid${process.pid}-${commit.slice(0, 12)}-${Date.now()}.tar`);
   const forget = removeOnExit(tar);
   try {
     await quietGit(dir, ["archive", "--format=tar", "-o", tar, commit]);

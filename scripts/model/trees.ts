@@ -1,9 +1,8 @@
 // Temporary trees for verify / fault / bench: materialised from history, sharing the course's node_modules.
-import os from "node:os";
 import path from "node:path";
 import fs from "fs-extra";
 import { ROOT } from "./paths.js";
-import { removeOnExit, sweepDead, sweepStaleTemp } from "./cleanup.js";
+import { checkedTmpdir, removeOnExit, sweepDead, sweepStaleTemp } from "./cleanup.js";
 
 /**
  * A new folder `pi-course-<prefix>-pid<pid>-XXXXXX` under os.tmpdir(). The pid lets a later run sweep it if this
@@ -11,7 +10,7 @@ import { removeOnExit, sweepDead, sweepStaleTemp } from "./cleanup.js";
  */
 export async function makeTempDir(prefix: string): Promise<string> {
   sweepStaleTemp();
-  return fs.mkdtemp(path.join(os.tmpdir(), `pi-course-${prefix}-pid${process.pid}-`));
+  return fs.mkdtemp(path.join(checkedTmpdir(), `pi-course-${prefix}-pid${process.pid}-`));
 }
 
 /** Lets a tree outside the repository resolve typescript, tsx and @types/node from the course's own install. */
