@@ -1,0 +1,296 @@
+// 第 16 章 · Codemode：模型写一段脚本，脚本在沙箱里调用工具。
+// 一次执行 = 一个新的 worker 线程 + 一台新的 QuickJS 虚拟机，执行结束两者一起销毁。
+// 宿主只通过 codemode-protocol.ts 定义的消息和 worker 交谈：脚本的每次工具调用都回到宿主执行，
+// 超时、中止、worker 崩溃都变成一个带 kind 的失败结果——runCodemodeScript 从不 reject。
+import { readFile } from "node:fs/promises";
+import { createRequire } from "node:module";
+import { Worker } from "node:worker_threads";
+import {
+  isWorkerToHostMessage,
+  type CodemodeWorkerData,
+  type HostResultMessage,
+  type WorkerCallMessage,
+} from "./codemode-protocol.js";
+
+// ---------------------------------------------------------------------------
+// 公开类型
+// ---------------------------------------------------------------------------
+
+/** 脚本能调用的一个工具：宿主这边的一个异步函数。参数是宿主解析出的普通对象。 */
+export type CodemodeToolFunction = (args: unknown, context: { signal: AbortSignal }) => Promise<unknown>;
+
+export interface CodemodeScriptTool {
+  description?: string;
+  execute: CodemodeToolFunction;
+}
+
+export interface CodemodeScriptOptions {
+  tools?: ReadonlyMap<string, CodemodeScriptTool>;
+  /** 整次执行的期限，工具耗时也算在内；默认 30 000 ms，Infinity 表示不设期限。 */
+  timeoutMs?: number;
+  /** 虚拟机内存上限，默认 64 MiB。 */
+  memoryLimitBytes?: number;
+  signal?: AbortSignal;
+}
+
+export type CodemodeCallStatus = "ok" | "error" | "cancelled";
+
+export interface CodemodeCall {
+  name: string;
+  status: CodemodeCallStatus;
+}
+
+export type CodemodeErrorKind = "script" | "timeout" | "aborted" | "sandbox";
+
+export interface CodemodeError {
+  kind: CodemodeErrorKind;
+  name?: string;
+  message: string;
+  stack?: string;
+}
+
+export type CodemodeScriptResult =
+  | { ok: true; value: unknown; output: string[]; calls: CodemodeCall[] }
+  | { ok: false; error: CodemodeError; output: string[]; calls: CodemodeCall[] };
+
+export const DEFAULT_CODEMODE_TIMEOUT_MS = 30_000;
+export const DEFAULT_CODEMODE_MEMORY_LIMIT_BYTES = 64 * 1024 * 1024;
+
+// ---------------------------------------------------------------------------
+// QuickJS 模块：每个进程编译一次
+// ---------------------------------------------------------------------------
+
+let compiledWasm: Promise<WebAssembly.Module> | undefined;
+
+/**
+ * 读取并编译 quickjs-wasi 自带的 quickjs.wasm。编译结果缓存在进程里，每个 worker 拿到的是它的结构化克隆，
+ * 不必各自再编译一遍；编译失败时清掉缓存，下一次调用重新尝试。
+ */
+export function loadQuickJSWasm(): Promise<WebAssembly.Module> {
+  if (compiledWasm === undefined) {
+    compiledWasm = (async () => {
+      const require = createRequire(import.meta.url);
+      const bytes = await readFile(require.resolve("quickjs-wasi/quickjs.wasm"));
+      return WebAssembly.compile(bytes);
+    })();
+    compiledWasm.catch(() => {
+      compiledWasm = undefined;
+    });
+  }
+  return compiledWasm;
+}
+
+/** worker 入口：编译后与本文件相邻的 codemode-worker.js（用 tsx 直接跑源码时是 .ts）。 */
+function workerUrl(): URL {
+  const extension = import.meta.url.endsWith(".ts") ? ".ts" : ".js";
+  return new URL(`./codemode-worker${extension}`, import.meta.url);
+}
+
+function messageOf(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
+}
+
+type Outcome = { ok: true; value: unknown } | { ok: false; error: CodemodeError };
+
+/** 把 worker 报来的 {name?, message, stack?} JSON 文本还原成脚本错误。 */
+function scriptError(json: string): CodemodeError {
+  try {
+    const parsed: unknown = JSON.parse(json);
+    if (typeof parsed === "object" && parsed !== null && "message" in parsed && typeof parsed.message === "string") {
+      const error: CodemodeError = { kind: "script", message: parsed.message };
+      if ("name" in parsed && typeof parsed.name === "string") error.name = parsed.name;
+      if ("stack" in parsed && typeof parsed.stack === "string") error.stack = parsed.stack;
+      return error;
+    }
+  } catch {
+    // 落到下面的通用描述
+  }
+  return { kind: "script", message: json };
+}
+
+// ---------------------------------------------------------------------------
+// 一次执行
+// ---------------------------------------------------------------------------
+
+/** 一次脚本执行的宿主一侧：期限、中止、worker 的生命周期，以及每次工具调用的往返。 */
+class Execution {
+  readonly result: Promise<CodemodeScriptResult>;
+  readonly #code: string;
+  readonly #tools: ReadonlyMap<string, CodemodeScriptTool>;
+  readonly #memoryLimitBytes: number;
+  readonly #output: string[] = [];
+  readonly #calls: CodemodeCall[] = [];
+  /** 还在等宿主答复的调用：id → 这次调用自己的 AbortController。 */
+  readonly #pending = new Map<number, AbortController>();
+  readonly #interrupt = new SharedArrayBuffer(Int32Array.BYTES_PER_ELEMENT);
+  #resolve!: (result: CodemodeScriptResult) => void;
+  #worker: Worker | undefined;
+  #timer: NodeJS.Timeout | undefined;
+  #stopWatching: (() => void) | undefined;
+  #finished = false;
+
+  constructor(code: string, options: CodemodeScriptOptions) {
+    this.#code = code;
+    this.#tools = options.tools ?? new Map();
+    this.#memoryLimitBytes = options.memoryLimitBytes ?? DEFAULT_CODEMODE_MEMORY_LIMIT_BYTES;
+    this.result = new Promise((resolve) => {
+      this.#resolve = resolve;
+    });
+    this.#armDeadline(options.timeoutMs ?? DEFAULT_CODEMODE_TIMEOUT_MS);
+    if (options.signal !== undefined) this.#watchSignal(options.signal);
+  }
+
+  /** 期限从构造时算起，加载 wasm、启动 worker、等工具都算在里面。到点就以 timeout 结束并拉下中断标志。 */
+  #armDeadline(timeoutMs: number): void {
+    if (timeoutMs === Infinity) return;
+    if (!(timeoutMs > 0)) {
+      this.finish({ ok: false, error: { kind: "sandbox", message: `timeoutMs must be a positive number, got ${timeoutMs}` } });
+      return;
+    }
+    this.#timer = setTimeout(() => {
+      this.finish({ ok: false, error: { kind: "timeout", message: `Execution timed out after ${timeoutMs} ms` } });
+    }, timeoutMs);
+  }
+
+  /** 调用者的 signal：已经中止就立刻结束；否则中止时以 aborted 结束，原因是 Error 时沿用它的 message。 */
+  #watchSignal(signal: AbortSignal): void {
+    const abort = (): void => {
+      const reason: unknown = signal.reason;
+      const message = reason instanceof Error ? reason.message : "Execution aborted";
+      this.finish({ ok: false, error: { kind: "aborted", message } });
+    };
+    if (signal.aborted) {
+      abort();
+      return;
+    }
+    signal.addEventListener("abort", abort, { once: true });
+    this.#stopWatching = () => signal.removeEventListener("abort", abort);
+  }
+
+  /** 加载 wasm、启动 worker、接上三种事件。已经结束（例如 signal 早已中止）时什么也不做。 */
+  async start(): Promise<void> {
+    if (this.#finished) return;
+    let wasm: WebAssembly.Module;
+    try {
+      wasm = await loadQuickJSWasm();
+    } catch (error) {
+      this.finish({ ok: false, error: { kind: "sandbox", message: `Failed to load QuickJS: ${messageOf(error)}` } });
+      return;
+    }
+    // 等 wasm 的时候可能已经超时或被中止。
+    if (this.#finished) return;
+    const workerData: CodemodeWorkerData = {
+      code: this.#code,
+      tools: [...this.#tools].map(([name, tool]) => ({ name, description: tool.description ?? "" })),
+      wasm,
+      memoryLimitBytes: this.#memoryLimitBytes,
+      interrupt: this.#interrupt,
+    };
+    let worker: Worker;
+    try {
+      worker = new Worker(workerUrl(), { workerData });
+    } catch (error) {
+      this.finish({ ok: false, error: { kind: "sandbox", message: `Failed to start worker: ${messageOf(error)}` } });
+      return;
+    }
+    this.#worker = worker;
+    // 挂着的脚本不应让宿主进程无法退出。
+    worker.unref();
+    worker.on("message", (message: unknown) => this.handleMessage(message));
+    worker.on("error", (error: Error) => {
+      this.finish({ ok: false, error: { kind: "sandbox", message: error.message } });
+    });
+    worker.on("exit", (code: number) => {
+      this.finish({ ok: false, error: { kind: "sandbox", message: `Worker exited with code ${code} before the script settled` } });
+    });
+  }
+
+  /** worker 发来的每条消息都从这里进来；结束之后到达的消息一律忽略。 */
+  handleMessage(message: unknown): void {
+    if (this.#finished) return;
+    if (!isWorkerToHostMessage(message)) {
+      this.finish({ ok: false, error: { kind: "sandbox", message: "The worker sent a malformed message." } });
+      return;
+    }
+    switch (message.type) {
+      case "call":
+        void this.handleCall(message);
+        return;
+      case "output":
+        this.#output.push(message.text);
+        return;
+      case "done":
+        if (message.ok) {
+          let value: unknown;
+          try {
+            value = message.value === undefined ? undefined : JSON.parse(message.value);
+          } catch (error) {
+            this.finish({ ok: false, error: { kind: "sandbox", message: `The worker sent an unreadable value: ${messageOf(error)}` } });
+            return;
+          }
+          this.finish({ ok: true, value });
+        } else {
+          this.finish({ ok: false, error: scriptError(message.error) });
+        }
+        return;
+      case "crash":
+        this.finish({ ok: false, error: { kind: "sandbox", message: message.message } });
+        return;
+    }
+  }
+
+  /**
+   * 一次工具调用的往返。记录先以 cancelled 入账，并登记一个只属于这次调用的 AbortController；
+   * 工具返回后，只有登记还在（执行没有结束）时才改写状态并答复 worker。
+   */
+  async handleCall(message: WorkerCallMessage): Promise<void> {
+    const record: CodemodeCall = { name: message.name, status: "cancelled" };
+    this.#calls.push(record);
+    const controller = new AbortController();
+    this.#pending.set(message.id, controller);
+    let reply: HostResultMessage;
+    try {
+      const tool = this.#tools.get(message.name);
+      if (tool === undefined) throw new Error(`Unknown tool "${message.name}"`);
+      const args: unknown = message.args === undefined ? undefined : JSON.parse(message.args);
+      const value = await tool.execute(args, { signal: controller.signal });
+      const payload = value === undefined ? undefined : JSON.stringify(value);
+      reply = payload === undefined ? { type: "result", id: message.id, ok: true } : { type: "result", id: message.id, ok: true, payload };
+    } catch (error) {
+      reply = { type: "result", id: message.id, ok: false, payload: messageOf(error) };
+    }
+    if (!this.#pending.delete(message.id)) return;
+    record.status = reply.ok ? "ok" : "error";
+    this.#worker?.postMessage(reply);
+  }
+
+  /**
+   * 结束这次执行，只生效一次：停掉期限与 signal 监听，中止所有还在等的工具调用，拉下中断标志，
+   * 等 worker 真正终止后再交出结果。此前收集的 output 与 calls 都保留。
+   */
+  finish(outcome: Outcome): void {
+    if (this.#finished) return;
+    this.#finished = true;
+    clearTimeout(this.#timer);
+    this.#stopWatching?.();
+    const reason = outcome.ok ? new Error("The script finished.") : new Error(outcome.error.message);
+    for (const controller of this.#pending.values()) controller.abort(reason);
+    this.#pending.clear();
+    Atomics.store(new Int32Array(this.#interrupt), 0, 1);
+    const result: CodemodeScriptResult = outcome.ok
+      ? { ok: true, value: outcome.value, output: [...this.#output], calls: structuredClone(this.#calls) }
+      : { ok: false, error: outcome.error, output: [...this.#output], calls: structuredClone(this.#calls) };
+    const settle = (): void => this.#resolve(result);
+    if (this.#worker === undefined) settle();
+    else this.#worker.terminate().then(settle, settle);
+  }
+}
+
+/** 在一台新的沙箱里运行一段脚本。任何失败都体现在结果里，返回的 Promise 不会 reject。 */
+export async function runCodemodeScript(code: string, options: CodemodeScriptOptions = {}): Promise<CodemodeScriptResult> {
+  const execution = new Execution(code, options);
+  execution.start().catch((error: unknown) => {
+    execution.finish({ ok: false, error: { kind: "sandbox", message: messageOf(error) } });
+  });
+  return execution.result;
+}
