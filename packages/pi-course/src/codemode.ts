@@ -11,6 +11,15 @@ import {
   type HostResultMessage,
   type WorkerCallMessage,
 } from "./codemode-protocol.js";
+import {
+  executeToolCall,
+  objectSchema,
+  stringValue,
+  type Tool,
+  type ToolExecutor,
+  type ToolRegistry,
+} from "./tool.js";
+import { text, textOf, type ToolCall, type ToolResultMessage } from "./types.js";
 
 // ---------------------------------------------------------------------------
 // 公开类型
@@ -293,4 +302,212 @@ export async function runCodemodeScript(code: string, options: CodemodeScriptOpt
     execution.finish({ ok: false, error: { kind: "sandbox", message: messageOf(error) } });
   });
   return execution.result;
+}
+
+// ---------------------------------------------------------------------------
+// 嵌套桥：脚本里的 tools.<name>(args) 回到注册表执行
+// ---------------------------------------------------------------------------
+
+export type NestedCallStatus = "running" | "ok" | "error" | "cancelled";
+
+/** 一次嵌套调用的记录：只记名字、状态、参数（或参数的字节数）和错误，从不记结果。 */
+export interface NestedCallRecord {
+  id: string;
+  name: string;
+  status: NestedCallStatus;
+  arguments?: unknown;
+  argumentsBytes?: number;
+  error?: string;
+}
+
+export interface NestedCallLimits {
+  /** 最多记录多少次调用；超出的照样执行，只计数。 */
+  maxCalls: number;
+  /** 单次参数 JSON 的 UTF-8 字节上限；超出时只记字节数。 */
+  maxArgumentBytesPerCall: number;
+  /** 全部已记录参数的字节总量上限。 */
+  maxArgumentBytesTotal: number;
+  /** 错误文字最多保留多少字符。 */
+  maxErrorChars: number;
+}
+
+export const NESTED_CALL_LIMITS: NestedCallLimits = Object.freeze({
+  maxCalls: 256,
+  maxArgumentBytesPerCall: 8 * 1024,
+  maxArgumentBytesTotal: 32 * 1024,
+  maxErrorChars: 500,
+});
+
+/** 一次 codemode 调用里全部嵌套调用的账本：complete 为 false 表示有记录被省略或只记了字节数。 */
+export interface NestedCalls {
+  calls: NestedCallRecord[];
+  count: number;
+  complete: boolean;
+}
+
+export interface NestedToolBridgeOptions {
+  signal?: AbortSignal;
+  limits?: Partial<NestedCallLimits>;
+  /** 默认是核心的 executeToolCall(…, "script")。 */
+  executeToolCall?: ToolExecutor;
+}
+
+export interface NestedToolBridge {
+  tools: Map<string, CodemodeScriptTool>;
+  nestedCalls(): NestedCalls;
+}
+
+/**
+ * 把注册表里脚本可调用的工具变成脚本能用的函数表。每次调用都成为一个真正的 toolCall：
+ * id 是 `<parentCallId>/<n>`（n 数的是每一次调用，记没记录都算），scope 是 "script"，
+ * signal 同时听从整次 codemode 调用与这一次嵌套调用。结果只交还给脚本，不进入 transcript。
+ */
+export function createNestedToolBridge(
+  registry: ToolRegistry,
+  parentCallId: string,
+  options: NestedToolBridgeOptions = {},
+): NestedToolBridge {
+  const limits: NestedCallLimits = { ...NESTED_CALL_LIMITS, ...options.limits };
+  const execute: ToolExecutor =
+    options.executeToolCall ?? ((call, context) => executeToolCall(call, registry, context, "script"));
+  const records: NestedCallRecord[] = [];
+  let count = 0;
+  let complete = true;
+  let recordedBytes = 0;
+
+  const cut = (message: string): string =>
+    message.length > limits.maxErrorChars ? message.slice(0, limits.maxErrorChars) : message;
+
+  /** 开一条记录；超出条数上限时不记录（返回 undefined），参数太大时只记字节数。 */
+  const open = (id: string, name: string, args: unknown): NestedCallRecord | undefined => {
+    if (records.length >= limits.maxCalls) {
+      complete = false;
+      return undefined;
+    }
+    const record: NestedCallRecord = { id, name, status: "running" };
+    const json = JSON.stringify(args) ?? "null";
+    const bytes = Buffer.byteLength(json, "utf8");
+    if (bytes > limits.maxArgumentBytesPerCall || recordedBytes + bytes > limits.maxArgumentBytesTotal) {
+      record.argumentsBytes = bytes;
+      complete = false;
+    } else {
+      record.arguments = JSON.parse(json);
+      recordedBytes += bytes;
+    }
+    records.push(record);
+    return record;
+  };
+
+  const tools = new Map<string, CodemodeScriptTool>();
+  for (const tool of registry.callable()) {
+    tools.set(tool.name, {
+      description: tool.description,
+      execute: async (args, context) => {
+        count += 1;
+        const id = `${parentCallId}/${count}`;
+        const callArguments = args === undefined ? {} : args;
+        const record = open(id, tool.name, callArguments);
+        const signal = options.signal === undefined ? context.signal : AbortSignal.any([options.signal, context.signal]);
+        const call: ToolCall = { type: "toolCall", id, name: tool.name, arguments: callArguments };
+        const failed = (message: string): Error => {
+          if (record !== undefined) {
+            record.status = signal.aborted ? "cancelled" : "error";
+            record.error = cut(message);
+          }
+          return new Error(message);
+        };
+        let result: ToolResultMessage;
+        try {
+          result = await execute(call, { signal });
+        } catch (error) {
+          throw failed(messageOf(error));
+        }
+        const resultText = textOf(result);
+        if (result.isError) throw failed(resultText);
+        if (record !== undefined) record.status = "ok";
+        return result.details === undefined ? { text: resultText } : { text: resultText, details: result.details };
+      },
+    });
+  }
+
+  return {
+    tools,
+    nestedCalls: () => structuredClone({ calls: records, count, complete }),
+  };
+}
+
+// ---------------------------------------------------------------------------
+// codemode 工具
+// ---------------------------------------------------------------------------
+
+export const CODEMODE_TOOL_NAME = "codemode";
+
+export interface CodemodeToolDetails {
+  ok: boolean;
+  error?: { kind: CodemodeErrorKind; message: string };
+  output: string[];
+  nestedCalls: NestedCalls;
+}
+
+export interface CodemodeToolOptions {
+  timeoutMs?: number;
+  memoryLimitBytes?: number;
+  limits?: Partial<NestedCallLimits>;
+  executeToolCall?: ToolExecutor;
+}
+
+/** 工具说明在创建时定稿：脚本的写法、结果的形状、沙箱里没有什么，以及此刻脚本能调用的工具。 */
+function codemodeDescription(registry: ToolRegistry): string {
+  const lines = [
+    "在一次性的 QuickJS 沙箱里运行一段 JavaScript，用脚本组合多个工具调用，只把最后的结果交回对话。",
+    "code 是一个 async 函数体：可以 await tools.<name>(args)，用 return 返回一个 JSON 值，用 console.log 打印。",
+    "每次工具调用 resolve 为 { text, details? }；工具失败时 reject，可以用 try/catch 处理。",
+    "沙箱里没有定时器、fetch、模块、文件系统；每次调用都是一台全新的虚拟机，变量不会留到下一次。",
+    "可调用的工具：",
+  ];
+  const callable = registry.callable().filter((tool) => tool.name !== CODEMODE_TOOL_NAME);
+  if (callable.length === 0) lines.push("（无）");
+  for (const tool of callable) lines.push(`- tools.${tool.name}(args): ${tool.description.split("\n")[0]}`);
+  return lines.join("\n");
+}
+
+/**
+ * 模型才看得见的 codemode 工具。一次调用 = 一座新的嵌套桥 + 一次 runCodemodeScript；
+ * 脚本里的工具调用只进 details.nestedCalls，transcript 里只有这一条 toolResult。
+ */
+export function createCodemodeTool(
+  registry: ToolRegistry,
+  options: CodemodeToolOptions = {},
+): Tool<{ code: string }, CodemodeToolDetails> {
+  return {
+    name: CODEMODE_TOOL_NAME,
+    description: codemodeDescription(registry),
+    exposure: "model-only",
+    schema: objectSchema({ code: stringValue }),
+    async execute({ code }, context) {
+      const bridge = createNestedToolBridge(registry, context.callId, {
+        ...(context.signal === undefined ? {} : { signal: context.signal }),
+        ...(options.limits === undefined ? {} : { limits: options.limits }),
+        ...(options.executeToolCall === undefined ? {} : { executeToolCall: options.executeToolCall }),
+      });
+      const result = await runCodemodeScript(code, {
+        tools: bridge.tools,
+        ...(options.timeoutMs === undefined ? {} : { timeoutMs: options.timeoutMs }),
+        ...(options.memoryLimitBytes === undefined ? {} : { memoryLimitBytes: options.memoryLimitBytes }),
+        ...(context.signal === undefined ? {} : { signal: context.signal }),
+      });
+      const nestedCalls = bridge.nestedCalls();
+      if (result.ok) {
+        const value = result.value === undefined ? "undefined" : JSON.stringify(result.value);
+        return { content: [text(value)], details: { ok: true, output: result.output, nestedCalls } };
+      }
+      const { kind, message } = result.error;
+      const shown = kind === "script" ? `Script failed: ${result.error.stack ?? message}` : `Script ${kind}: ${message}`;
+      return {
+        content: [text(shown)],
+        details: { ok: false, error: { kind, message }, output: result.output, nestedCalls },
+        isError: true,
+      };
+    },
+  };
 }

@@ -1,0 +1,551 @@
+import assert from "node:assert/strict";
+import test from "node:test";
+import { runAgentLoop } from "../src/agent-loop.js";
+import {
+  CODEMODE_TOOL_NAME,
+  createCodemodeTool,
+  createNestedToolBridge,
+  runCodemodeScript,
+  type CodemodeScriptTool,
+  type CodemodeToolDetails,
+} from "../src/codemode.js";
+import { MAX_OUTPUT_CHARS, MAX_OUTPUT_ITEMS } from "../src/codemode-protocol.js";
+import { ScriptedModel } from "../src/scripted-model.js";
+import {
+  executeToolCall,
+  objectSchema,
+  optionalString,
+  stringValue,
+  ToolRegistry,
+  type Tool,
+  type ToolExposure,
+} from "../src/tool.js";
+import {
+  assistantMessage,
+  currentTools,
+  text,
+  textOf,
+  userMessage,
+  type ToolCall,
+  type ToolResultMessage,
+} from "../src/types.js";
+
+// ---------------------------------------------------------------------------
+// 夹具
+// ---------------------------------------------------------------------------
+
+const SLOW = { timeout: 20_000 };
+
+/** 一个脚本工具：把每次收到的参数记下来，按 answer 计算返回值。 */
+function recordingTool(answer: (args: unknown) => unknown, seen: unknown[] = []): CodemodeScriptTool {
+  return {
+    description: "测试用工具",
+    execute: async (args) => {
+      seen.push(args);
+      return answer(args);
+    },
+  };
+}
+
+/** 一个永远等下去、直到 signal 中止才失败的脚本工具；started 在它开始等待时 resolve。 */
+function waitingTool(): { tool: CodemodeScriptTool; started: Promise<void>; aborted: () => boolean } {
+  let markStarted!: () => void;
+  const started = new Promise<void>((resolve) => {
+    markStarted = resolve;
+  });
+  let sawAbort = false;
+  const tool: CodemodeScriptTool = {
+    execute: (_args, { signal }) =>
+      new Promise((_resolve, reject) => {
+        markStarted();
+        signal.addEventListener("abort", () => {
+          sawAbort = true;
+          reject(new Error("waiting tool cancelled"));
+        }, { once: true });
+      }),
+  };
+  return { tool, started, aborted: () => sawAbort };
+}
+
+/** 注册表里的工具：read 回显路径；failing 总是抛错；ok 需要一个 string 参数。 */
+function readTool(exposure: ToolExposure = "direct", seen: unknown[] = []): Tool<{ path: string }, { bytes: number }> {
+  return {
+    name: "read",
+    description: "读取一个文件的内容\n（第二行不会出现在 codemode 的说明里）",
+    exposure,
+    schema: objectSchema({ path: stringValue }),
+    async execute(parameters) {
+      seen.push(parameters);
+      return { content: [text(`内容：${parameters.path}`)], details: { bytes: parameters.path.length } };
+    },
+  };
+}
+
+function probeTool(name: string, exposure: ToolExposure, run: (context: { signal?: AbortSignal }) => Promise<string>): Tool<{ note: string | undefined }> {
+  return {
+    name,
+    description: `${name} 探针`,
+    exposure,
+    schema: objectSchema({ note: optionalString }),
+    async execute(_parameters, context) {
+      return { content: [text(await run(context))] };
+    },
+  };
+}
+
+function codemodeCall(id: string, code: string): ToolCall {
+  return { type: "toolCall", id, name: CODEMODE_TOOL_NAME, arguments: { code } };
+}
+
+function detailsOf(result: ToolResultMessage): CodemodeToolDetails {
+  return result.details as CodemodeToolDetails;
+}
+
+// ---------------------------------------------------------------------------
+// Lab 16.1 · 一次执行：新 worker、新虚拟机、字符串过线
+// ---------------------------------------------------------------------------
+
+test("Lab 16.1 · 往返：返回值、输出和调用记录都回到宿主，工具拿到的是宿主自己的普通对象", SLOW, async () => {
+  const seen: unknown[] = [];
+  const tools = new Map([
+    ["add", recordingTool((args) => {
+      const { a, b } = args as { a: number; b: number };
+      return { text: String(a + b) };
+    }, seen)],
+  ]);
+  const result = await runCodemodeScript(
+    [
+      "const first = await tools.add({ a: 1, b: 2 });",
+      "console.log('first', first.text, { nested: [1, 2] });",
+      "const second = await tools.add({ a: Number(first.text), b: 10 });",
+      "console.info(second.text);",
+      "return { sum: Number(second.text), names: ALL_TOOLS.map((tool) => tool.name) };",
+    ].join("\n"),
+    { tools },
+  );
+  assert.deepEqual(result, {
+    ok: true,
+    value: { sum: 13, names: ["add"] },
+    output: ['first 3 {"nested":[1,2]}', "13"],
+    calls: [{ name: "add", status: "ok" }, { name: "add", status: "ok" }],
+  });
+  assert.deepEqual(seen, [{ a: 1, b: 2 }, { a: 3, b: 10 }]);
+  for (const args of seen) assert.equal(Object.getPrototypeOf(args), Object.prototype, "参数应是宿主解析出的普通对象");
+
+  const nothing = await runCodemodeScript("console.log('只打印，不返回');");
+  assert.deepEqual(nothing, { ok: true, value: undefined, output: ["只打印，不返回"], calls: [] });
+});
+
+test("Lab 16.1 · 抛错、语法错误和工具失败都只是 ok:false 的结果；工具失败在脚本里可以 catch", SLOW, async () => {
+  const thrown = await runCodemodeScript("console.log('before');\nthrow new TypeError('bad input');");
+  assert.equal(thrown.ok, false);
+  assert.deepEqual(thrown.output, ["before"]);
+  if (!thrown.ok) {
+    assert.equal(thrown.error.kind, "script");
+    assert.equal(thrown.error.name, "TypeError");
+    assert.equal(thrown.error.message, "bad input");
+    assert.match(thrown.error.stack ?? "", /^TypeError: bad input\n.*codemode-script\.js:2/);
+  }
+
+  const syntax = await runCodemodeScript("return (;");
+  assert.equal(syntax.ok, false);
+  if (!syntax.ok) {
+    assert.equal(syntax.error.kind, "script");
+    assert.equal(syntax.error.name, "SyntaxError");
+  }
+
+  const tools = new Map([["explode", recordingTool(() => { throw new Error("explode: disk on fire"); })]]);
+  const caught = await runCodemodeScript(
+    "try { await tools.explode({}); return 'unreachable'; } catch (error) { return 'caught: ' + error.message; }",
+    { tools },
+  );
+  assert.deepEqual(caught, { ok: true, value: "caught: explode: disk on fire", output: [], calls: [{ name: "explode", status: "error" }] });
+
+  const uncaught = await runCodemodeScript("await tools.explode({});", { tools });
+  assert.equal(uncaught.ok, false);
+  if (!uncaught.ok) {
+    assert.equal(uncaught.error.kind, "script");
+    assert.equal(uncaught.error.message, "explode: disk on fire");
+  }
+  assert.deepEqual(uncaught.calls, [{ name: "explode", status: "error" }]);
+});
+
+test("Lab 16.1 · 每次执行都是一台新虚拟机；16 MiB 上限下耗尽内存是 script 错误，下一次执行照常", SLOW, async () => {
+  const leak = "globalThis.counter = (globalThis.counter ?? 0) + 1; return globalThis.counter;";
+  assert.deepEqual(await runCodemodeScript(leak), { ok: true, value: 1, output: [], calls: [] });
+  assert.deepEqual(await runCodemodeScript(leak), { ok: true, value: 1, output: [], calls: [] });
+
+  const hog = await runCodemodeScript(
+    "const chunks = []; for (;;) chunks.push('x'.repeat(64 * 1024) + chunks.length);",
+    { memoryLimitBytes: 16 * 1024 * 1024 },
+  );
+  assert.equal(hog.ok, false);
+  if (!hog.ok) {
+    assert.equal(hog.error.kind, "script");
+    assert.match(hog.error.message, /out of memory/);
+  }
+
+  const deep = await runCodemodeScript("function down(n) { return down(n + 1) + 1; }\ntry { down(0); } catch (error) { return error.name; }");
+  assert.deepEqual(deep, { ok: true, value: "RangeError", output: [], calls: [] }, "深递归应是脚本能 catch 的 RangeError");
+
+  assert.deepEqual(await runCodemodeScript("return 'still fine';"), { ok: true, value: "still fine", output: [], calls: [] });
+});
+
+test("Lab 16.1 · 等一个永远不会 settle 的 Promise：立刻失败，而不是等到期限", SLOW, async () => {
+  const stuck = await runCodemodeScript("console.log('waiting');\nawait new Promise(() => {});\nreturn 'never';");
+  assert.equal(stuck.ok, false);
+  assert.deepEqual(stuck.output, ["waiting"]);
+  if (!stuck.ok) {
+    assert.equal(stuck.error.kind, "script", "这不是超时：没有任何东西还在进行");
+    assert.match(stuck.error.message, /can never settle/);
+  }
+
+  // 工具答复之后同样要检查：答复让脚本继续，脚本又卡在一个没人会 resolve 的 Promise 上。
+  const tools = new Map([["ping", recordingTool(() => ({ text: "pong" }))]]);
+  const afterCall = await runCodemodeScript("const reply = await tools.ping();\nconsole.log(reply.text);\nawait new Promise(() => {});", { tools });
+  assert.equal(afterCall.ok, false);
+  assert.deepEqual(afterCall.output, ["pong"]);
+  assert.deepEqual(afterCall.calls, [{ name: "ping", status: "ok" }]);
+  if (!afterCall.ok) assert.match(afterCall.error.message, /can never settle/);
+});
+
+test("Lab 16.1 · 输出有上限：超出时脚本以 RangeError 结束，已收下的输出保留，catch 之后也不能再打印", SLOW, async () => {
+  const chunk = 1024 * 1024;
+  const flood = await runCodemodeScript(
+    [
+      `const line = 'x'.repeat(${chunk});`,
+      "try { for (;;) console.log(line); }",
+      "catch (error) { console.log('after catch'); return 'swallowed'; }",
+    ].join("\n"),
+  );
+  assert.equal(flood.ok, false, "catch 住 RangeError 也不能把脚本变成成功");
+  if (!flood.ok) {
+    assert.equal(flood.error.kind, "script");
+    assert.equal(flood.error.name, "RangeError");
+    assert.match(flood.error.message, /script output exceeded/);
+  }
+  assert.equal(flood.output.length, MAX_OUTPUT_CHARS / chunk);
+  assert.ok(flood.output.every((entry) => entry.length === chunk));
+  assert.ok(!flood.output.includes("after catch"));
+
+  const empty = await runCodemodeScript("for (;;) console.log('');");
+  assert.equal(empty.ok, false);
+  assert.equal(empty.output.length, MAX_OUTPUT_ITEMS, "空字符串也算一次 console 调用");
+});
+
+// ---------------------------------------------------------------------------
+// Lab 16.2 · 嵌套桥：脚本里的调用回到注册表
+// ---------------------------------------------------------------------------
+
+test("Lab 16.2 · 嵌套调用的 id 是 <parent>/<n>，走 script scope；函数表就是 callable 集合，缺的成员给出建议", SLOW, async () => {
+  const seen: unknown[] = [];
+  const registry = new ToolRegistry([
+    readTool("deferred", seen),
+    probeTool("announce", "model-only", async () => "不该被脚本调用"),
+    probeTool("secret", "hidden", async () => "不该被脚本调用"),
+  ]);
+  const calls: { call: ToolCall }[] = [];
+  const bridge = createNestedToolBridge(registry, "call-1", {
+    executeToolCall: (call, context) => {
+      calls.push({ call });
+      return executeToolCall(call, registry, context, "script");
+    },
+  });
+  assert.deepEqual([...bridge.tools.keys()], registry.callable().map((tool) => tool.name));
+  assert.deepEqual([...bridge.tools.keys()], ["read"]);
+
+  const result = await runCodemodeScript(
+    "const a = await tools.read({ path: 'a.txt' });\nconst b = await tools.read({ path: 'b.txt' });\nreturn [a, b];",
+    { tools: bridge.tools },
+  );
+  assert.deepEqual(result.ok && result.value, [
+    { text: "内容：a.txt", details: { bytes: 5 } },
+    { text: "内容：b.txt", details: { bytes: 5 } },
+  ]);
+  assert.deepEqual(calls.map((entry) => entry.call.id), ["call-1/1", "call-1/2"]);
+  assert.deepEqual(seen, [{ path: "a.txt" }, { path: "b.txt" }], "deferred 工具没有声明给模型，脚本照样能调用");
+  assert.deepEqual(bridge.nestedCalls(), {
+    calls: [
+      { id: "call-1/1", name: "read", status: "ok", arguments: { path: "a.txt" } },
+      { id: "call-1/2", name: "read", status: "ok", arguments: { path: "b.txt" } },
+    ],
+    count: 2,
+    complete: true,
+  });
+
+  // 默认执行器就是 script scope：model-only 的工具即便被点名也调不动。
+  const plain = createNestedToolBridge(registry, "c1");
+  const denied = await executeToolCall({ type: "toolCall", id: "x", name: "announce", arguments: {} }, registry, {}, "script");
+  assert.match(textOf(denied), /不在脚本的可调用集合/);
+  const viaDefault = await runCodemodeScript("return await tools.read({ path: 'c.txt' });", { tools: plain.tools });
+  assert.deepEqual(viaDefault.ok && viaDefault.value, { text: "内容：c.txt", details: { bytes: 5 } });
+  assert.equal(plain.nestedCalls().calls[0]?.id, "c1/1");
+
+  const typo = await runCodemodeScript("return await tools.read_file({ path: 'a.txt' });", { tools: plain.tools });
+  assert.equal(typo.ok, false);
+  if (!typo.ok) {
+    assert.equal(typo.error.name, "TypeError");
+    assert.equal(typo.error.message, "tools.read_file does not exist. Did you mean tools.read? ALL_TOOLS lists every tool.");
+  }
+  const unknown = await runCodemodeScript("return tools.weather;", { tools: plain.tools });
+  assert.equal(!unknown.ok && unknown.error.message, "tools.weather does not exist. Available: read. ALL_TOOLS lists every tool.");
+});
+
+test("Lab 16.2 · 一次失败的嵌套调用（工具抛错或参数不合法）只让它自己失败，其余调用照常完成", SLOW, async () => {
+  const registry = new ToolRegistry([
+    readTool("codemode"),
+    probeTool("failing", "codemode", async () => { throw new Error("failing exploded"); }),
+    {
+      name: "ok",
+      description: "需要一个 string 参数",
+      exposure: "codemode",
+      schema: objectSchema({ value: stringValue }),
+      async execute(parameters: { value: string }) {
+        return { content: [text(`ok:${parameters.value}`)] };
+      },
+    },
+  ]);
+  const bridge = createNestedToolBridge(registry, "call-7");
+  const result = await runCodemodeScript(
+    [
+      "const outcomes = [];",
+      "for (const attempt of [() => tools.failing({}), () => tools.ok({ value: 3 }), () => tools.ok({ value: 'fine' }), () => tools.read({ path: 'x' })]) {",
+      "  try { outcomes.push((await attempt()).text); } catch (error) { outcomes.push('error: ' + error.message); }",
+      "}",
+      "return outcomes;",
+    ].join("\n"),
+    { tools: bridge.tools },
+  );
+  assert.deepEqual(result.ok && result.value, [
+    "error: Tool failing failed: failing exploded",
+    "error: Tool ok failed: 必须是 string",
+    "ok:fine",
+    "内容：x",
+  ]);
+  assert.deepEqual(result.calls.map((call) => call.status), ["error", "error", "ok", "ok"]);
+  assert.deepEqual(bridge.nestedCalls().calls.map(({ id, status, error }) => ({ id, status, error })), [
+    { id: "call-7/1", status: "error", error: "Tool failing failed: failing exploded" },
+    { id: "call-7/2", status: "error", error: "Tool ok failed: 必须是 string" },
+    { id: "call-7/3", status: "ok", error: undefined },
+    { id: "call-7/4", status: "ok", error: undefined },
+  ]);
+});
+
+test("Lab 16.2 · 记录有上限：超出条数的调用照样执行只计数，过大的参数只记字节数，错误截短，账本是副本", SLOW, async () => {
+  const seen: unknown[] = [];
+  const registry = new ToolRegistry([
+    readTool("codemode", seen),
+    probeTool("noisy", "codemode", async () => { throw new Error("n".repeat(40)); }),
+  ]);
+  const bridge = createNestedToolBridge(registry, "call-2", {
+    limits: { maxCalls: 2, maxArgumentBytesPerCall: 32, maxErrorChars: 10 },
+  });
+  // 48 个字符，UTF-8 下 52 字节：上限按字节算。
+  const longPath = "笔记/a-path-that-is-much-too-long-1.txt";
+  const result = await runCodemodeScript(
+    [
+      "try { await tools.noisy({}); } catch (error) {}",
+      `await tools.read({ path: ${JSON.stringify(longPath)} });`,
+      "await tools.read({ path: 'three' });",
+      "await tools.read({ path: 'four' });",
+      "return 'done';",
+    ].join("\n"),
+    { tools: bridge.tools },
+  );
+  assert.equal(result.ok && result.value, "done");
+  assert.deepEqual(seen, [{ path: longPath }, { path: "three" }, { path: "four" }], "超出记录上限的调用也要真的执行");
+  const ledger = bridge.nestedCalls();
+  assert.deepEqual(ledger, {
+    calls: [
+      { id: "call-2/1", name: "noisy", status: "error", arguments: {}, error: "Tool noisy" },
+      { id: "call-2/2", name: "read", status: "ok", argumentsBytes: 52 },
+    ],
+    count: 4,
+    complete: false,
+  });
+  ledger.calls.length = 0;
+  assert.equal(bridge.nestedCalls().calls.length, 2, "nestedCalls() 每次交出深副本");
+});
+
+// ---------------------------------------------------------------------------
+// Lab 16.3 · 期限与中止
+// ---------------------------------------------------------------------------
+
+test("Lab 16.3 · 死循环和等不到的工具都在期限到时以 timeout 结束，等待中的调用记为 cancelled", SLOW, async () => {
+  const spin = await runCodemodeScript("let turns = 0;\nfor (;;) { turns += 1; }", { timeoutMs: 200 });
+  assert.equal(spin.ok, false);
+  if (!spin.ok) assert.deepEqual(spin.error, { kind: "timeout", message: "Execution timed out after 200 ms" });
+
+  const waiting = waitingTool();
+  const stalled = await runCodemodeScript("await tools.wait({});\nreturn 'never';", {
+    tools: new Map([["wait", waiting.tool]]),
+    // 期限从构造时就开始算，worker 启动也在里面：留足时间，让脚本确实先发出调用。
+    timeoutMs: 2_000,
+  });
+  assert.equal(stalled.ok, false);
+  if (!stalled.ok) assert.equal(stalled.error.kind, "timeout", "工具耗时也算在期限里");
+  assert.deepEqual(stalled.calls, [{ name: "wait", status: "cancelled" }]);
+  assert.equal(waiting.aborted(), true, "期限到时，等待中的工具应收到中止信号");
+
+  const unlimited = await runCodemodeScript("return 'no deadline';", { timeoutMs: Infinity });
+  assert.deepEqual(unlimited, { ok: true, value: "no deadline", output: [], calls: [] });
+});
+
+test("Lab 16.3 · 调用者中止：脚本以 aborted 结束，嵌套调用在两层账本里都是 cancelled；已中止的 signal 不启动脚本", SLOW, async () => {
+  let seenSignal: AbortSignal | undefined;
+  let markStarted!: () => void;
+  const started = new Promise<void>((resolve) => {
+    markStarted = resolve;
+  });
+  const registry = new ToolRegistry([
+    probeTool("slow", "codemode", (context) => new Promise((_resolve, reject) => {
+      seenSignal = context.signal;
+      markStarted();
+      context.signal?.addEventListener("abort", () => reject(new Error("slow was stopped")), { once: true });
+    })),
+  ]);
+  const controller = new AbortController();
+  const bridge = createNestedToolBridge(registry, "call-3", { signal: controller.signal });
+  const running = runCodemodeScript("await tools.slow({});\nreturn 'never';", { tools: bridge.tools, signal: controller.signal });
+  await started;
+  controller.abort(new Error("user pressed stop"));
+  const result = await running;
+  assert.equal(result.ok, false);
+  if (!result.ok) assert.deepEqual(result.error, { kind: "aborted", message: "user pressed stop" });
+  assert.deepEqual(result.calls, [{ name: "slow", status: "cancelled" }]);
+  assert.equal(seenSignal?.aborted, true, "嵌套工具收到的 signal 必须跟着中止");
+  assert.deepEqual(bridge.nestedCalls().calls.map(({ id, status }) => ({ id, status })), [{ id: "call-3/1", status: "cancelled" }]);
+
+  const plainAbort = new AbortController();
+  const waiting = waitingTool();
+  const pendingRun = runCodemodeScript("await tools.wait({});", { tools: new Map([["wait", waiting.tool]]), signal: plainAbort.signal });
+  await waiting.started;
+  plainAbort.abort("not an Error");
+  const plain = await pendingRun;
+  assert.equal(!plain.ok && plain.error.message, "Execution aborted");
+
+  const ran: unknown[] = [];
+  const early = await runCodemodeScript("await tools.add({}); return 1;", {
+    tools: new Map([["add", recordingTool(() => ({ text: "1" }), ran)]]),
+    signal: AbortSignal.abort(new Error("too late")),
+  });
+  assert.deepEqual(early, { ok: false, error: { kind: "aborted", message: "too late" }, output: [], calls: [] });
+  assert.deepEqual(ran, []);
+});
+
+// ---------------------------------------------------------------------------
+// Lab 16.4 · codemode 工具与循环
+// ---------------------------------------------------------------------------
+
+test("Lab 16.4 · codemode 工具：model-only、说明列出可调用的工具；成功与失败的结果形状；脚本调不到 codemode 自己", SLOW, async () => {
+  const registry = new ToolRegistry([readTool("codemode")]);
+  const tool = createCodemodeTool(registry);
+  registry.register(tool);
+  assert.equal(tool.name, "codemode");
+  assert.equal(tool.exposure, "model-only");
+  assert.match(tool.description, /- tools\.read\(args\): 读取一个文件的内容$/m);
+  assert.doesNotMatch(tool.description, /tools\.codemode/);
+  assert.doesNotMatch(tool.description, /第二行/);
+  assert.deepEqual(registry.definitions().map((definition) => definition.name), ["codemode"]);
+
+  const success = await executeToolCall(
+    codemodeCall("call-1", "const file = await tools.read({ path: 'notes.md' });\nconsole.log(file.details.bytes);\nreturn file.text;"),
+    registry,
+  );
+  assert.equal(success.isError, false);
+  assert.equal(textOf(success), JSON.stringify("内容：notes.md"));
+  assert.deepEqual(detailsOf(success), {
+    ok: true,
+    output: ["8"],
+    nestedCalls: { calls: [{ id: "call-1/1", name: "read", status: "ok", arguments: { path: "notes.md" } }], count: 1, complete: true },
+  });
+
+  const nothing = await executeToolCall(codemodeCall("call-2", "console.log('no value');"), registry);
+  assert.equal(textOf(nothing), "undefined");
+
+  const failure = await executeToolCall(codemodeCall("call-3", "return await tools.read_file({ path: 'x' });"), registry);
+  assert.equal(failure.isError, true);
+  assert.match(textOf(failure), /^Script failed: TypeError: tools\.read_file does not exist\. Did you mean tools\.read\?/);
+  assert.equal(detailsOf(failure).ok, false);
+  assert.equal(detailsOf(failure).error?.kind, "script");
+
+  const slow = createCodemodeTool(registry, { timeoutMs: 200 });
+  const timedOut = await slow.execute({ code: "for (;;) {}" }, { callId: "call-4" });
+  assert.equal(timedOut.isError, true);
+  assert.equal(timedOut.content[0]?.text, "Script timeout: Execution timed out after 200 ms");
+  assert.deepEqual(timedOut.details?.error, { kind: "timeout", message: "Execution timed out after 200 ms" });
+
+  const self = await executeToolCall(codemodeCall("nested", "return 1;"), registry, {}, "script");
+  assert.equal(self.isError, true);
+  assert.match(textOf(self), /不在脚本的可调用集合/);
+});
+
+test("Lab 16.4 · 在循环里：一条 codemode 结果进入 transcript，嵌套调用不进；deferred 工具无需声明就能被脚本调用", SLOW, async () => {
+  const seen: unknown[] = [];
+  const registry = new ToolRegistry([
+    readTool("direct", seen),
+    probeTool("search", "deferred", async () => "3 matches"),
+  ]);
+  registry.register(createCodemodeTool(registry));
+  const script = "const hits = await tools.search({});\nconst file = await tools.read({ path: 'src/a.ts' });\nreturn hits.text + ' / ' + file.text;";
+  const model = new ScriptedModel([
+    assistantMessage([codemodeCall("call-1", script)], "toolUse"),
+    assistantMessage([text("找到了")]),
+  ]);
+  const result = await runAgentLoop({ model, tools: registry, context: { messages: [userMessage("找一找")] } });
+  assert.equal(result.reason, "stop");
+  assert.deepEqual(result.messages.map((message) => message.role), ["user", "system", "assistant", "toolResult", "assistant"]);
+  const toolResults = result.messages.filter((message) => message.role === "toolResult");
+  assert.equal(toolResults.length, 1, "嵌套调用不会变成 transcript 里的 toolResult");
+  assert.equal(toolResults[0]!.toolCallId, "call-1");
+  assert.equal(textOf(toolResults[0]!), JSON.stringify("3 matches / 内容：src/a.ts"));
+  assert.deepEqual(detailsOf(toolResults[0]!).nestedCalls.calls.map(({ id, name }) => ({ id, name })), [
+    { id: "call-1/1", name: "search" },
+    { id: "call-1/2", name: "read" },
+  ]);
+  assert.deepEqual(seen, [{ path: "src/a.ts" }]);
+  for (const request of model.requests) {
+    assert.deepEqual(currentTools(request.messages).map((tool) => tool.name), ["read", "codemode"]);
+    assert.deepEqual(request.tools?.map((tool) => tool.name), ["read", "codemode"]);
+  }
+});
+
+test("Lab 16.4 · 在循环里：超时是一条错误结果、循环继续；中止循环时脚本 aborted、嵌套调用 cancelled、循环以 aborted 结束", SLOW, async () => {
+  const registry = new ToolRegistry([readTool("direct")]);
+  registry.register(createCodemodeTool(registry, { timeoutMs: 200 }));
+  const model = new ScriptedModel([
+    assistantMessage([codemodeCall("call-1", "for (;;) {}")], "toolUse"),
+    assistantMessage([text("脚本超时了，我换个办法")]),
+  ]);
+  const recovered = await runAgentLoop({ model, tools: registry, context: { messages: [userMessage("跑一下")] } });
+  assert.equal(recovered.reason, "stop");
+  const timedOut = recovered.messages.find((message) => message.role === "toolResult");
+  assert.equal(timedOut?.isError, true);
+  assert.equal(textOf(timedOut!), "Script timeout: Execution timed out after 200 ms");
+  assert.equal(model.requests.length, 2, "超时的结果交还给模型，循环继续");
+
+  let markStarted!: () => void;
+  const started = new Promise<void>((resolve) => {
+    markStarted = resolve;
+  });
+  const waiting = new ToolRegistry([
+    probeTool("slow", "codemode", (context) => new Promise((_resolve, reject) => {
+      markStarted();
+      context.signal?.addEventListener("abort", () => reject(new Error("slow was stopped")), { once: true });
+    })),
+  ]);
+  waiting.register(createCodemodeTool(waiting));
+  const controller = new AbortController();
+  const stopping = new ScriptedModel([assistantMessage([codemodeCall("call-9", "await tools.slow({});")], "toolUse")]);
+  const run = runAgentLoop({ model: stopping, tools: waiting, context: { messages: [userMessage("慢慢来")] }, signal: controller.signal });
+  await started;
+  controller.abort(new Error("user pressed stop"));
+  const aborted = await run;
+  assert.equal(aborted.reason, "aborted");
+  const result = aborted.messages.find((message) => message.role === "toolResult");
+  assert.equal(result?.isError, true);
+  assert.equal(textOf(result!), "Script aborted: user pressed stop");
+  const details = detailsOf(result!);
+  assert.deepEqual(details.error, { kind: "aborted", message: "user pressed stop" });
+  assert.deepEqual(details.nestedCalls.calls.map(({ id, status }) => ({ id, status })), [{ id: "call-9/1", status: "cancelled" }]);
+});
