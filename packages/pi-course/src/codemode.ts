@@ -89,10 +89,17 @@ export function loadQuickJSWasm(): Promise<WebAssembly.Module> {
   return compiledWasm;
 }
 
-/** worker 入口：编译后与本文件相邻的 codemode-worker.js（用 tsx 直接跑源码时是 .ts）。 */
-function workerUrl(): URL {
-  const extension = import.meta.url.endsWith(".ts") ? ".ts" : ".js";
-  return new URL(`./codemode-worker${extension}`, import.meta.url);
+/**
+ * 启动一个 worker：入口是编译后与本文件相邻的 codemode-worker.js。
+ * 只有用 tsx 直接运行源码时（例如 `npm run demo`），本文件是 .ts：worker 线程不继承 tsx 的加载钩子，
+ * 所以先在 worker 里注册 tsx，再加载 codemode-worker.ts。
+ */
+function startWorker(workerData: CodemodeWorkerData): Worker {
+  if (!import.meta.url.endsWith(".ts")) return new Worker(new URL("./codemode-worker.js", import.meta.url), { workerData });
+  const register = import.meta.resolve("tsx/esm/api");
+  const entry = new URL("./codemode-worker.ts", import.meta.url).href;
+  const bootstrap = `import(${JSON.stringify(register)}).then((tsx) => { tsx.register(); return import(${JSON.stringify(entry)}); });`;
+  return new Worker(bootstrap, { eval: true, workerData });
 }
 
 function messageOf(error: unknown): string {
@@ -197,7 +204,7 @@ class Execution {
     };
     let worker: Worker;
     try {
-      worker = new Worker(workerUrl(), { workerData });
+      worker = startWorker(workerData);
     } catch (error) {
       this.finish({ ok: false, error: { kind: "sandbox", message: `Failed to start worker: ${messageOf(error)}` } });
       return;
