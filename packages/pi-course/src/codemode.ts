@@ -230,7 +230,10 @@ class Execution {
     }
     switch (message.type) {
       case "call":
-        void this.handleCall(message);
+        // handleCall 自己不会 reject；万一 reject 了，也只是这次执行的 sandbox 失败，不是进程级的异常。
+        this.handleCall(message).catch((error: unknown) => {
+          this.finish({ ok: false, error: { kind: "sandbox", message: messageOf(error) } });
+        });
         return;
       case "output":
         this.#output.push(message.text);

@@ -6,6 +6,8 @@ import {
   createCodemodeTool,
   createNestedToolBridge,
   runCodemodeScript,
+  type CodemodeScriptOptions,
+  type CodemodeScriptResult,
   type CodemodeScriptTool,
   type CodemodeToolDetails,
 } from "../src/codemode.js";
@@ -93,6 +95,26 @@ function probeTool(name: string, exposure: ToolExposure, run: (context: { signal
   };
 }
 
+/**
+ * 运行一段脚本；沙箱本身没跑起来（kind 为 sandbox）时直接抛出它的原因——本章没有哪项测试期待这种结果，
+ * 而这样一来，红灯里看到的就是真正的原因，而不是一处看不出所以然的字段差异。
+ */
+async function run(code: string, options?: CodemodeScriptOptions): Promise<CodemodeScriptResult> {
+  const result = await runCodemodeScript(code, options);
+  if (!result.ok && result.error.kind === "sandbox") throw new Error(`沙箱没有跑起来：${result.error.message}`);
+  return result;
+}
+
+/** 等 started；如果脚本（或循环）先结束了，就带着它的结果失败，而不是一直等到测试超时。 */
+async function untilStarted(started: Promise<void>, running: Promise<unknown>): Promise<void> {
+  await Promise.race([
+    started,
+    running.then((outcome) => {
+      throw new Error(`工具还没开始，执行就结束了：${JSON.stringify(outcome)}`);
+    }),
+  ]);
+}
+
 function codemodeCall(id: string, code: string): ToolCall {
   return { type: "toolCall", id, name: CODEMODE_TOOL_NAME, arguments: { code } };
 }
@@ -113,7 +135,7 @@ test("Lab 16.1 · 往返：返回值、输出和调用记录都回到宿主，�
       return { text: String(a + b) };
     }, seen)],
   ]);
-  const result = await runCodemodeScript(
+  const result = await run(
     [
       "const first = await tools.add({ a: 1, b: 2 });",
       "console.log('first', first.text, { nested: [1, 2] });",
@@ -132,12 +154,12 @@ test("Lab 16.1 · 往返：返回值、输出和调用记录都回到宿主，�
   assert.deepEqual(seen, [{ a: 1, b: 2 }, { a: 3, b: 10 }]);
   for (const args of seen) assert.equal(Object.getPrototypeOf(args), Object.prototype, "参数应是宿主解析出的普通对象");
 
-  const nothing = await runCodemodeScript("console.log('只打印，不返回');");
+  const nothing = await run("console.log('只打印，不返回');");
   assert.deepEqual(nothing, { ok: true, value: undefined, output: ["只打印，不返回"], calls: [] });
 });
 
 test("Lab 16.1 · 抛错、语法错误和工具失败都只是 ok:false 的结果；工具失败在脚本里可以 catch", SLOW, async () => {
-  const thrown = await runCodemodeScript("console.log('before');\nthrow new TypeError('bad input');");
+  const thrown = await run("console.log('before');\nthrow new TypeError('bad input');");
   assert.equal(thrown.ok, false);
   assert.deepEqual(thrown.output, ["before"]);
   if (!thrown.ok) {
@@ -147,7 +169,7 @@ test("Lab 16.1 · 抛错、语法错误和工具失败都只是 ok:false 的结�
     assert.match(thrown.error.stack ?? "", /^TypeError: bad input\n.*codemode-script\.js:2/);
   }
 
-  const syntax = await runCodemodeScript("return (;");
+  const syntax = await run("return (;");
   assert.equal(syntax.ok, false);
   if (!syntax.ok) {
     assert.equal(syntax.error.kind, "script");
@@ -155,13 +177,13 @@ test("Lab 16.1 · 抛错、语法错误和工具失败都只是 ok:false 的结�
   }
 
   const tools = new Map([["explode", recordingTool(() => { throw new Error("explode: disk on fire"); })]]);
-  const caught = await runCodemodeScript(
+  const caught = await run(
     "try { await tools.explode({}); return 'unreachable'; } catch (error) { return 'caught: ' + error.message; }",
     { tools },
   );
   assert.deepEqual(caught, { ok: true, value: "caught: explode: disk on fire", output: [], calls: [{ name: "explode", status: "error" }] });
 
-  const uncaught = await runCodemodeScript("await tools.explode({});", { tools });
+  const uncaught = await run("await tools.explode({});", { tools });
   assert.equal(uncaught.ok, false);
   if (!uncaught.ok) {
     assert.equal(uncaught.error.kind, "script");
@@ -172,10 +194,10 @@ test("Lab 16.1 · 抛错、语法错误和工具失败都只是 ok:false 的结�
 
 test("Lab 16.1 · 每次执行都是一台新虚拟机；16 MiB 上限下耗尽内存是 script 错误，下一次执行照常", SLOW, async () => {
   const leak = "globalThis.counter = (globalThis.counter ?? 0) + 1; return globalThis.counter;";
-  assert.deepEqual(await runCodemodeScript(leak), { ok: true, value: 1, output: [], calls: [] });
-  assert.deepEqual(await runCodemodeScript(leak), { ok: true, value: 1, output: [], calls: [] });
+  assert.deepEqual(await run(leak), { ok: true, value: 1, output: [], calls: [] });
+  assert.deepEqual(await run(leak), { ok: true, value: 1, output: [], calls: [] });
 
-  const hog = await runCodemodeScript(
+  const hog = await run(
     "const chunks = []; for (;;) chunks.push('x'.repeat(64 * 1024) + chunks.length);",
     { memoryLimitBytes: 16 * 1024 * 1024 },
   );
@@ -185,14 +207,14 @@ test("Lab 16.1 · 每次执行都是一台新虚拟机；16 MiB 上限下耗尽�
     assert.match(hog.error.message, /out of memory/);
   }
 
-  const deep = await runCodemodeScript("function down(n) { return down(n + 1) + 1; }\ntry { down(0); } catch (error) { return error.name; }");
+  const deep = await run("function down(n) { return down(n + 1) + 1; }\ntry { down(0); } catch (error) { return error.name; }");
   assert.deepEqual(deep, { ok: true, value: "RangeError", output: [], calls: [] }, "深递归应是脚本能 catch 的 RangeError");
 
-  assert.deepEqual(await runCodemodeScript("return 'still fine';"), { ok: true, value: "still fine", output: [], calls: [] });
+  assert.deepEqual(await run("return 'still fine';"), { ok: true, value: "still fine", output: [], calls: [] });
 });
 
 test("Lab 16.1 · 等一个永远不会 settle 的 Promise：立刻失败，而不是等到期限", SLOW, async () => {
-  const stuck = await runCodemodeScript("console.log('waiting');\nawait new Promise(() => {});\nreturn 'never';");
+  const stuck = await run("console.log('waiting');\nawait new Promise(() => {});\nreturn 'never';");
   assert.equal(stuck.ok, false);
   assert.deepEqual(stuck.output, ["waiting"]);
   if (!stuck.ok) {
@@ -202,7 +224,7 @@ test("Lab 16.1 · 等一个永远不会 settle 的 Promise：立刻失败，而�
 
   // 工具答复之后同样要检查：答复让脚本继续，脚本又卡在一个没人会 resolve 的 Promise 上。
   const tools = new Map([["ping", recordingTool(() => ({ text: "pong" }))]]);
-  const afterCall = await runCodemodeScript("const reply = await tools.ping();\nconsole.log(reply.text);\nawait new Promise(() => {});", { tools });
+  const afterCall = await run("const reply = await tools.ping();\nconsole.log(reply.text);\nawait new Promise(() => {});", { tools });
   assert.equal(afterCall.ok, false);
   assert.deepEqual(afterCall.output, ["pong"]);
   assert.deepEqual(afterCall.calls, [{ name: "ping", status: "ok" }]);
@@ -211,7 +233,7 @@ test("Lab 16.1 · 等一个永远不会 settle 的 Promise：立刻失败，而�
 
 test("Lab 16.1 · 输出有上限：超出时脚本以 RangeError 结束，已收下的输出保留，catch 之后也不能再打印", SLOW, async () => {
   const chunk = 1024 * 1024;
-  const flood = await runCodemodeScript(
+  const flood = await run(
     [
       `const line = 'x'.repeat(${chunk});`,
       "try { for (;;) console.log(line); }",
@@ -228,7 +250,7 @@ test("Lab 16.1 · 输出有上限：超出时脚本以 RangeError 结束，已�
   assert.ok(flood.output.every((entry) => entry.length === chunk));
   assert.ok(!flood.output.includes("after catch"));
 
-  const empty = await runCodemodeScript("for (;;) console.log('');");
+  const empty = await run("for (;;) console.log('');");
   assert.equal(empty.ok, false);
   assert.equal(empty.output.length, MAX_OUTPUT_ITEMS, "空字符串也算一次 console 调用");
 });
@@ -254,7 +276,7 @@ test("Lab 16.2 · 嵌套调用的 id 是 <parent>/<n>，走 script scope；函�
   assert.deepEqual([...bridge.tools.keys()], registry.callable().map((tool) => tool.name));
   assert.deepEqual([...bridge.tools.keys()], ["read"]);
 
-  const result = await runCodemodeScript(
+  const result = await run(
     "const a = await tools.read({ path: 'a.txt' });\nconst b = await tools.read({ path: 'b.txt' });\nreturn [a, b];",
     { tools: bridge.tools },
   );
@@ -277,17 +299,17 @@ test("Lab 16.2 · 嵌套调用的 id 是 <parent>/<n>，走 script scope；函�
   const plain = createNestedToolBridge(registry, "c1");
   const denied = await executeToolCall({ type: "toolCall", id: "x", name: "announce", arguments: {} }, registry, {}, "script");
   assert.match(textOf(denied), /不在脚本的可调用集合/);
-  const viaDefault = await runCodemodeScript("return await tools.read({ path: 'c.txt' });", { tools: plain.tools });
+  const viaDefault = await run("return await tools.read({ path: 'c.txt' });", { tools: plain.tools });
   assert.deepEqual(viaDefault.ok && viaDefault.value, { text: "内容：c.txt", details: { bytes: 5 } });
   assert.equal(plain.nestedCalls().calls[0]?.id, "c1/1");
 
-  const typo = await runCodemodeScript("return await tools.read_file({ path: 'a.txt' });", { tools: plain.tools });
+  const typo = await run("return await tools.read_file({ path: 'a.txt' });", { tools: plain.tools });
   assert.equal(typo.ok, false);
   if (!typo.ok) {
     assert.equal(typo.error.name, "TypeError");
     assert.equal(typo.error.message, "tools.read_file does not exist. Did you mean tools.read? ALL_TOOLS lists every tool.");
   }
-  const unknown = await runCodemodeScript("return tools.weather;", { tools: plain.tools });
+  const unknown = await run("return tools.weather;", { tools: plain.tools });
   assert.equal(!unknown.ok && unknown.error.message, "tools.weather does not exist. Available: read. ALL_TOOLS lists every tool.");
 });
 
@@ -306,7 +328,7 @@ test("Lab 16.2 · 一次失败的嵌套调用（工具抛错或参数不合法�
     },
   ]);
   const bridge = createNestedToolBridge(registry, "call-7");
-  const result = await runCodemodeScript(
+  const result = await run(
     [
       "const outcomes = [];",
       "for (const attempt of [() => tools.failing({}), () => tools.ok({ value: 3 }), () => tools.ok({ value: 'fine' }), () => tools.read({ path: 'x' })]) {",
@@ -342,7 +364,7 @@ test("Lab 16.2 · 记录有上限：超出条数的调用照样执行只计数�
   });
   // 48 个字符，UTF-8 下 52 字节：上限按字节算。
   const longPath = "笔记/a-path-that-is-much-too-long-1.txt";
-  const result = await runCodemodeScript(
+  const result = await run(
     [
       "try { await tools.noisy({}); } catch (error) {}",
       `await tools.read({ path: ${JSON.stringify(longPath)} });`,
@@ -372,12 +394,12 @@ test("Lab 16.2 · 记录有上限：超出条数的调用照样执行只计数�
 // ---------------------------------------------------------------------------
 
 test("Lab 16.3 · 死循环和等不到的工具都在期限到时以 timeout 结束，等待中的调用记为 cancelled", SLOW, async () => {
-  const spin = await runCodemodeScript("let turns = 0;\nfor (;;) { turns += 1; }", { timeoutMs: 200 });
+  const spin = await run("let turns = 0;\nfor (;;) { turns += 1; }", { timeoutMs: 200 });
   assert.equal(spin.ok, false);
   if (!spin.ok) assert.deepEqual(spin.error, { kind: "timeout", message: "Execution timed out after 200 ms" });
 
   const waiting = waitingTool();
-  const stalled = await runCodemodeScript("await tools.wait({});\nreturn 'never';", {
+  const stalled = await run("await tools.wait({});\nreturn 'never';", {
     tools: new Map([["wait", waiting.tool]]),
     // 期限从构造时就开始算，worker 启动也在里面：留足时间，让脚本确实先发出调用。
     timeoutMs: 2_000,
@@ -387,7 +409,7 @@ test("Lab 16.3 · 死循环和等不到的工具都在期限到时以 timeout �
   assert.deepEqual(stalled.calls, [{ name: "wait", status: "cancelled" }]);
   assert.equal(waiting.aborted(), true, "期限到时，等待中的工具应收到中止信号");
 
-  const unlimited = await runCodemodeScript("return 'no deadline';", { timeoutMs: Infinity });
+  const unlimited = await run("return 'no deadline';", { timeoutMs: Infinity });
   assert.deepEqual(unlimited, { ok: true, value: "no deadline", output: [], calls: [] });
 });
 
@@ -406,8 +428,8 @@ test("Lab 16.3 · 调用者中止：脚本以 aborted 结束，嵌套调用在�
   ]);
   const controller = new AbortController();
   const bridge = createNestedToolBridge(registry, "call-3", { signal: controller.signal });
-  const running = runCodemodeScript("await tools.slow({});\nreturn 'never';", { tools: bridge.tools, signal: controller.signal });
-  await started;
+  const running = run("await tools.slow({});\nreturn 'never';", { tools: bridge.tools, signal: controller.signal });
+  await untilStarted(started, running);
   controller.abort(new Error("user pressed stop"));
   const result = await running;
   assert.equal(result.ok, false);
@@ -418,14 +440,14 @@ test("Lab 16.3 · 调用者中止：脚本以 aborted 结束，嵌套调用在�
 
   const plainAbort = new AbortController();
   const waiting = waitingTool();
-  const pendingRun = runCodemodeScript("await tools.wait({});", { tools: new Map([["wait", waiting.tool]]), signal: plainAbort.signal });
-  await waiting.started;
+  const pendingRun = run("await tools.wait({});", { tools: new Map([["wait", waiting.tool]]), signal: plainAbort.signal });
+  await untilStarted(waiting.started, pendingRun);
   plainAbort.abort("not an Error");
   const plain = await pendingRun;
   assert.equal(!plain.ok && plain.error.message, "Execution aborted");
 
   const ran: unknown[] = [];
-  const early = await runCodemodeScript("await tools.add({}); return 1;", {
+  const early = await run("await tools.add({}); return 1;", {
     tools: new Map([["add", recordingTool(() => ({ text: "1" }), ran)]]),
     signal: AbortSignal.abort(new Error("too late")),
   });
@@ -452,8 +474,8 @@ test("Lab 16.4 · codemode 工具：model-only、说明列出可调用的工具�
     codemodeCall("call-1", "const file = await tools.read({ path: 'notes.md' });\nconsole.log(file.details.bytes);\nreturn file.text;"),
     registry,
   );
-  assert.equal(success.isError, false);
   assert.equal(textOf(success), JSON.stringify("内容：notes.md"));
+  assert.equal(success.isError, false);
   assert.deepEqual(detailsOf(success), {
     ok: true,
     output: ["8"],
@@ -464,15 +486,14 @@ test("Lab 16.4 · codemode 工具：model-only、说明列出可调用的工具�
   assert.equal(textOf(nothing), "undefined");
 
   const failure = await executeToolCall(codemodeCall("call-3", "return await tools.read_file({ path: 'x' });"), registry);
-  assert.equal(failure.isError, true);
   assert.match(textOf(failure), /^Script failed: TypeError: tools\.read_file does not exist\. Did you mean tools\.read\?/);
   assert.equal(detailsOf(failure).ok, false);
   assert.equal(detailsOf(failure).error?.kind, "script");
 
   const slow = createCodemodeTool(registry, { timeoutMs: 200 });
   const timedOut = await slow.execute({ code: "for (;;) {}" }, { callId: "call-4" });
-  assert.equal(timedOut.isError, true);
   assert.equal(timedOut.content[0]?.text, "Script timeout: Execution timed out after 200 ms");
+  assert.equal(timedOut.isError, true);
   assert.deepEqual(timedOut.details?.error, { kind: "timeout", message: "Execution timed out after 200 ms" });
 
   const self = await executeToolCall(codemodeCall("nested", "return 1;"), registry, {}, "script");
@@ -520,8 +541,8 @@ test("Lab 16.4 · 在循环里：超时是一条错误结果、循环继续；�
   const recovered = await runAgentLoop({ model, tools: registry, context: { messages: [userMessage("跑一下")] } });
   assert.equal(recovered.reason, "stop");
   const timedOut = recovered.messages.find((message) => message.role === "toolResult");
-  assert.equal(timedOut?.isError, true);
   assert.equal(textOf(timedOut!), "Script timeout: Execution timed out after 200 ms");
+  assert.equal(timedOut?.isError, true);
   assert.equal(model.requests.length, 2, "超时的结果交还给模型，循环继续");
 
   let markStarted!: () => void;
@@ -538,7 +559,7 @@ test("Lab 16.4 · 在循环里：超时是一条错误结果、循环继续；�
   const controller = new AbortController();
   const stopping = new ScriptedModel([assistantMessage([codemodeCall("call-9", "await tools.slow({});")], "toolUse")]);
   const run = runAgentLoop({ model: stopping, tools: waiting, context: { messages: [userMessage("慢慢来")] }, signal: controller.signal });
-  await started;
+  await untilStarted(started, run);
   controller.abort(new Error("user pressed stop"));
   const aborted = await run;
   assert.equal(aborted.reason, "aborted");
