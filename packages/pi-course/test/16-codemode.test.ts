@@ -414,6 +414,15 @@ test("Lab 16.3 · 死循环和等不到的工具都在期限到时以 timeout �
 });
 
 test("Lab 16.3 · 调用者中止：脚本以 aborted 结束，嵌套调用在两层账本里都是 cancelled；已中止的 signal 不启动脚本", SLOW, async () => {
+  // 已经中止的 signal：脚本一行都不跑，工具一次都不调用。
+  const ran: unknown[] = [];
+  const early = await run("await tools.add({}); return 1;", {
+    tools: new Map([["add", recordingTool(() => ({ text: "1" }), ran)]]),
+    signal: AbortSignal.abort(new Error("too late")),
+  });
+  assert.deepEqual(early, { ok: false, error: { kind: "aborted", message: "too late" }, output: [], calls: [] });
+  assert.deepEqual(ran, []);
+
   let seenSignal: AbortSignal | undefined;
   let markStarted!: () => void;
   const started = new Promise<void>((resolve) => {
@@ -446,13 +455,6 @@ test("Lab 16.3 · 调用者中止：脚本以 aborted 结束，嵌套调用在�
   const plain = await pendingRun;
   assert.equal(!plain.ok && plain.error.message, "Execution aborted");
 
-  const ran: unknown[] = [];
-  const early = await run("await tools.add({}); return 1;", {
-    tools: new Map([["add", recordingTool(() => ({ text: "1" }), ran)]]),
-    signal: AbortSignal.abort(new Error("too late")),
-  });
-  assert.deepEqual(early, { ok: false, error: { kind: "aborted", message: "too late" }, output: [], calls: [] });
-  assert.deepEqual(ran, []);
 });
 
 // ---------------------------------------------------------------------------
