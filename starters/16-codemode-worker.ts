@@ -13,6 +13,7 @@ import {
   type WorkerToHostMessage,
 } from "./codemode-protocol.js";
 
+// >>> 已给出：worker 的小工具（发消息、错误编码、脚本包装、丢弃引擎输出的 WASI、读字符串参数）
 /** 虚拟机里脚本的文件名：出现在错误堆栈里，让模型能对上自己写的行号。 */
 const SCRIPT_FILE = "codemode-script.js";
 
@@ -57,6 +58,7 @@ function stringArgument(handle: JSValueHandle | undefined): string | undefined {
   if (handle === undefined || handle.isUndefined) return undefined;
   return handle.toString();
 }
+// <<< 已给出
 
 function labError(lab: string): Error {
   return new Error(`${lab} 尚未实现`);
@@ -75,6 +77,8 @@ async function main(data: CodemodeWorkerData): Promise<void> {
   throw labError("Lab 16.1 codemode worker");
 }
 
+// >>> 已给出：入口——import 这个文件就开始运行 main；意外失败报告为 crash
 main(workerData as CodemodeWorkerData).catch((error: unknown) => {
   post({ type: "crash", message: String(error) });
 });
+// <<< 已给出

@@ -75,6 +75,7 @@ export const DEFAULT_CODEMODE_MEMORY_LIMIT_BYTES = 64 * 1024 * 1024;
 // QuickJS 模块：每个进程编译一次
 // ---------------------------------------------------------------------------
 
+// >>> 已给出：QuickJS 模块的加载、worker 的启动与错误文本的解码
 let compiledWasm: Promise<WebAssembly.Module> | undefined;
 
 /**
@@ -129,6 +130,7 @@ function scriptError(json: string): CodemodeError {
   }
   return { kind: "script", message: json };
 }
+// <<< 已给出
 
 // ---------------------------------------------------------------------------
 // 一次执行
@@ -183,6 +185,7 @@ class Execution {
     throw labError("Lab 16.1 Execution.start");
   }
 
+  // >>> 已给出：handleMessage 按消息类型分派
   /** worker 发来的每条消息都从这里进来；结束之后到达的消息一律忽略。 */
   handleMessage(message: unknown): void {
     if (this.#finished) return;
@@ -219,6 +222,7 @@ class Execution {
         return;
     }
   }
+  // <<< 已给出
 
   /**
    * 一次工具调用的往返。记录先以 cancelled 入账，并登记一个只属于这次调用的 AbortController；
@@ -229,6 +233,7 @@ class Execution {
     throw labError("Lab 16.1 Execution.handleCall");
   }
 
+  // >>> 已给出：finish 只生效一次的收尾
   /**
    * 结束这次执行，只生效一次：停掉期限与 signal 监听，中止所有还在等的工具调用，拉下中断标志，
    * 等 worker 真正终止后再交出结果。此前收集的 output 与 calls 都保留。
@@ -249,8 +254,10 @@ class Execution {
     if (this.#worker === undefined) settle();
     else this.#worker.terminate().then(settle, settle);
   }
+  // <<< 已给出
 }
 
+// >>> 已给出：runCodemodeScript 把 Execution 包成不会 reject 的 Promise
 /** 在一台新的沙箱里运行一段脚本。任何失败都体现在结果里，返回的 Promise 不会 reject。 */
 export async function runCodemodeScript(code: string, options: CodemodeScriptOptions = {}): Promise<CodemodeScriptResult> {
   const execution = new Execution(code, options);
@@ -259,6 +266,7 @@ export async function runCodemodeScript(code: string, options: CodemodeScriptOpt
   });
   return execution.result;
 }
+// <<< 已给出
 
 // ---------------------------------------------------------------------------
 // 嵌套桥：脚本里的 tools.<name>(args) 回到注册表执行
@@ -347,6 +355,7 @@ export interface CodemodeToolOptions {
   executeToolCall?: ToolExecutor;
 }
 
+// >>> 已给出：工具说明的文字
 /** 工具说明在创建时定稿：脚本的写法、结果的形状、沙箱里没有什么，以及此刻脚本能调用的工具。 */
 function codemodeDescription(registry: ToolRegistry): string {
   const lines = [
@@ -361,6 +370,7 @@ function codemodeDescription(registry: ToolRegistry): string {
   for (const tool of callable) lines.push(`- tools.${tool.name}(args): ${tool.description.split("\n")[0]}`);
   return lines.join("\n");
 }
+// <<< 已给出
 
 /**
  * 模型才看得见的 codemode 工具。一次调用 = 一座新的嵌套桥 + 一次 runCodemodeScript；
