@@ -93,13 +93,15 @@ export function loadQuickJSWasm(): Promise<WebAssembly.Module> {
  * 启动一个 worker：入口是编译后与本文件相邻的 codemode-worker.js。
  * 只有用 tsx 直接运行源码时（例如 `npm run demo`），本文件是 .ts：worker 线程不继承 tsx 的加载钩子，
  * 所以先在 worker 里注册 tsx，再加载 codemode-worker.ts。
+ * execArgv 为空：worker 不需要宿主进程的命令行选项，而像 --input-type 这样的选项会让 worker 根本起不来。
  */
 function startWorker(workerData: CodemodeWorkerData): Worker {
-  if (!import.meta.url.endsWith(".ts")) return new Worker(new URL("./codemode-worker.js", import.meta.url), { workerData });
+  const options = { workerData, execArgv: [] };
+  if (!import.meta.url.endsWith(".ts")) return new Worker(new URL("./codemode-worker.js", import.meta.url), options);
   const register = import.meta.resolve("tsx/esm/api");
   const entry = new URL("./codemode-worker.ts", import.meta.url).href;
   const bootstrap = `import(${JSON.stringify(register)}).then((tsx) => { tsx.register(); return import(${JSON.stringify(entry)}); });`;
-  return new Worker(bootstrap, { eval: true, workerData });
+  return new Worker(bootstrap, { ...options, eval: true });
 }
 
 function messageOf(error: unknown): string {
