@@ -84,7 +84,14 @@ export async function main(): Promise<void> {
   console.log("");
 
   const toolResults = result.messages.filter((message) => message.role === "toolResult");
-  const details = toolResults[0]!.details as CodemodeToolDetails;
+  const details = toolResults[0]?.details as CodemodeToolDetails | undefined;
+  if (details?.nestedCalls === undefined) {
+    // 练习目录里 codemode 还没写完时：如实说出那条结果，而不是崩在一张空表上。
+    console.log("codemode 工具还没有给出结果的 details，多半是某个 lab 还没完成。它返回的是：");
+    console.log(toolResults[0] === undefined ? "（没有 toolResult）" : textOf(toolResults[0]));
+    process.exitCode = 1;
+    return;
+  }
   console.log("── 嵌套调用表（只在 details.nestedCalls 里，不进 transcript）──");
   console.log(`${pad("id", 10)}${pad("工具", 12)}${pad("状态", 8)}参数`);
   for (const record of details.nestedCalls.calls) {
