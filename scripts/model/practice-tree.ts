@@ -4,6 +4,7 @@ import path from "node:path";
 import fs from "fs-extra";
 import { type Checkpoint, type Edit, type Fault, chapterNumber, focusedGlob, previousId, totalTests } from "./manifest.js";
 import { type HistoryInfo, materialize, showFile } from "./history.js";
+import { fitLockfile, type LockFile } from "./lockfile.js";
 import { PACKAGE_DIR, PRACTICE_MANIFEST, ROOT, inTree } from "./paths.js";
 import { PRACTICE_IGNORES, sha256 } from "./practice-state.js";
 import { compiledTest } from "./tests.js";
@@ -105,6 +106,11 @@ export async function writePracticeTree(c: Checkpoint, info: HistoryInfo, dest: 
   for (const item of HARNESS) {
     await fs.copy(inTree(ROOT, item), inTree(dest, item), { filter: (src) => !path.basename(src).startsWith("bench") });
   }
+  // The lockfile is the final tree's; narrow it to the snapshot's package.json so that npm install leaves it alone.
+  const lockPath = inTree(dest, "package-lock.json");
+  const snapshotPackage = JSON.parse(await fs.readFile(inTree(dest, `${PACKAGE_DIR}/package.json`), "utf8")) as Record<string, unknown>;
+  const lock = JSON.parse(await fs.readFile(lockPath, "utf8")) as LockFile;
+  await fs.writeFile(lockPath, `${JSON.stringify(fitLockfile(lock, PACKAGE_DIR, snapshotPackage), null, 2)}\n`);
   const rootPackage = JSON.parse(await fs.readFile(inTree(ROOT, "package.json"), "utf8")) as Record<string, unknown>;
   rootPackage.scripts = {
     build: "npm run build -w @pi/course",
