@@ -11,6 +11,7 @@ import { PACKAGE_DIR, PRACTICE_MANIFEST, ROOT, inTree, isPracticeRoot } from "./
 import { faultLine, readFaultsDone, tamperedTests } from "./model/practice-state.js";
 import { type PracticeManifest, faultCommand, readPracticeManifest } from "./model/practice-tree.js";
 import { quotePath } from "./model/quote.js";
+import { recordProgress } from "./model/progress.js";
 
 const USAGE = "用法：npm run lab -w @pi/course -- <章.lab | 章> [--watch] [--strict]   例如 13.1（只跑 Lab 13.1）或 13（全章验收）";
 
@@ -90,6 +91,8 @@ async function once(id: string, lab: string | undefined, watching = false): Prom
   // This folder's own chapter (not an earlier one, whose spec carries only its id).
   const own = inPractice && spec.labs !== undefined ? (spec as PracticeManifest) : undefined;
   const report: LabReport = await runLab(ROOT, spec, lab);
+  // This chapter's runs in a practice folder are remembered for `npm run progress` (earlier chapters' are not).
+  if (own) recordProgress(ROOT, id, report);
   console.log(`（构建 ${(report.buildMs / 1000).toFixed(2)} s · 测试 ${(report.testMs / 1000).toFixed(2)} s · ${report.file}）`);
   // The tamper check: a given test that changed makes any green below worthless; say so before the results.
   const tampered = inPractice ? tamperedTests(ROOT, readPracticeManifest(ROOT).tests) : [];

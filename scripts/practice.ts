@@ -10,6 +10,7 @@ import { ROOT, isInside, resolveFromCaller } from "./model/paths.js";
 import { writePracticeTree } from "./model/practice-tree.js";
 import { checkDestination, writeNewFolder } from "./model/destination.js";
 import { quotePath } from "./model/quote.js";
+import { recordPracticeFolder } from "./model/progress.js";
 
 const USAGE = "用法：npm run practice -w @pi/course -- <章节> [练习目录]   例如 13 ../pi-practice-13（相对于你当前所在的目录）";
 const SIGNALS = ["SIGINT", "SIGTERM", "SIGHUP"] as const;
@@ -47,6 +48,7 @@ await main(async (args) => {
   } finally {
     for (const signal of SIGNALS) process.off(signal, onSignal);
   }
+  recordPracticeFolder(ROOT, { dir: dest, id: c.id, title: c.title, createdAt: new Date().toISOString() });
   const n = chapterNumber(c);
   const shown = path.relative(process.env.INIT_CWD ?? process.cwd(), dest) || ".";
   console.log([

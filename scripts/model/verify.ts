@@ -11,13 +11,14 @@ import { FORBIDDEN_IN_PRACTICE, faultCommand, readPracticeManifest, unsealFault,
 import { PACKAGE_DIR, ROOT, inTree } from "./paths.js";
 import { buildPackage, compiledTest, compiledTests, firstLines, labOf, runTests } from "./tests.js";
 import { linkNodeModules } from "./trees.js";
+import { HINT_RUNGS, quotedCodeLines } from "./hints.js";
 
 export interface Finding { area: string; message: string }
 export interface CheckpointVerdict { id: string; findings: Finding[]; notes: string[]; ms: number }
 
 /** The labels every chapter guide's checkpoint card must carry. */
 export const CARD_LABELS = ["模式", "起终点", "教学文件", "学习脚手架", "动手前只需知道", "第一步", "第一次红灯", "聚焦测试", "定位命令", "练习目录", "聚焦运行", "通过证据"];
-const GUIDE_SECTIONS = ["## 故障练习", "## 边界", "## 验收清单", "## 小结"];
+const GUIDE_SECTIONS = ["## 故障练习", "## 边界", "## 与真实 Pi 对照", "## 验收清单", "## 小结"];
 
 /** Chapter of a focused test file name ("13-composition-modes.test.ts" → 13). */
 function testChapter(name: string): number | undefined {
@@ -156,6 +157,19 @@ export async function verifyCheckpoint(c: Checkpoint, info: HistoryInfo, work: s
     for (const section of GUIDE_SECTIONS) if (!text.includes(section)) fail("讲义", `${c.guide} 缺少小节 ${section}`);
     if (!text.includes(`chapter total: ${totalTests(c)}/`)) fail("讲义", `${c.guide} 的验收清单缺少 chapter total 记录`);
     for (const problem of faultSectionProblems(text, c)) fail("讲义", `${c.guide} 的 ## 故障练习：${problem}`);
+  }
+
+  // hint ladder: every lab has its three rungs, and no rung quotes a line of the chapter's solution
+  const solutionCode = (await Promise.all(c.teachingFiles.map((file) => showFile(info.dir, ids.target, file)))).join("\n");
+  for (const lab of c.labs) {
+    if (lab.hints.length !== HINT_RUNGS.length) {
+      fail("提示", `Lab ${lab.id} 缺少提示阶梯：清单 labs[].hints 要有三级（${HINT_RUNGS.join("、")}）`);
+      continue;
+    }
+    lab.hints.forEach((hint, index) => {
+      const quoted = quotedCodeLines(hint, solutionCode);
+      if (quoted.length > 0) fail("提示", `Lab ${lab.id} 的第 ${index + 1} 级提示抄了 target 的代码：${quoted[0]}`);
+    });
   }
 
   const focusedFile = compiledTest(c.focusedTest);
