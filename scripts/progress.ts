@@ -5,25 +5,27 @@ import fs from "node:fs";
 import { CourseError, main, rejectUnknownOptions } from "./model/cli.js";
 import { firstLines } from "./model/tests.js";
 import { runLab } from "./model/labs.js";
-import { progressBar, readPracticeRecords, readProgress, recordProgress } from "./model/progress.js";
+import { forgetPracticeFolders, progressBar, readPracticeRecords, readProgress, recordProgress } from "./model/progress.js";
 import { ROOT, isPracticeRoot } from "./model/paths.js";
 import { readPracticeManifest } from "./model/practice-tree.js";
 import { quotePath } from "./model/quote.js";
 
 function courseRootView(): number {
-  const records = readPracticeRecords(ROOT);
+  const all = readPracticeRecords(ROOT);
+  // Folders the learner (or a test run) has since deleted are dropped from the list for good.
+  const records = all.filter((r) => fs.existsSync(r.dir));
+  if (records.length < all.length) forgetPracticeFolders(ROOT, all.filter((r) => !fs.existsSync(r.dir)));
   if (records.length === 0) {
     console.log("这个课程仓库还没有创建过练习目录。开始一章：npm run practice -w @pi/course -- 00 ../pi-practice-00");
     return 0;
   }
   console.log("这个课程仓库创建过的练习目录（最后一次 lab 或 progress 记下的状态）：");
   for (const r of records) {
-    const exists = fs.existsSync(r.dir);
-    const progress = exists ? readProgress(r.dir) : undefined;
+    const progress = readProgress(r.dir);
     const labs = progress?.chapter === r.id ? Object.entries(progress.labs) : [];
     const passed = labs.reduce((sum, [, s]) => sum + s.passed, 0);
     const expected = labs.reduce((sum, [, s]) => sum + s.expected, 0);
-    const state = !exists ? "目录已不存在" : labs.length === 0 ? "还没有运行过 lab" : `${progressBar(passed, expected)}（已运行 ${labs.length} 个 lab）`;
+    const state = labs.length === 0 ? "还没有运行过 lab" : `${progressBar(passed, expected)}（已运行 ${labs.length} 个 lab）`;
     console.log(`  第 ${r.id} 章 · ${r.title}\n    ${quotePath(r.dir)}\n    ${state}`);
   }
   console.log("进入其中一个目录后运行 npm run progress -w @pi/course，会重新跑一遍整章并给出下一步。");

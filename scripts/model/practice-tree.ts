@@ -115,6 +115,8 @@ export async function writePracticeTree(c: Checkpoint, info: HistoryInfo, dest: 
   rootPackage.scripts = {
     build: "npm run build -w @pi/course",
     lab: "node scripts/launch.js lab",
+    hint: "node scripts/launch.js hint",
+    progress: "node scripts/launch.js progress",
     test: "npm run build && node --test packages/pi-course/dist/test/*.test.js",
   };
   await fs.writeFile(inTree(dest, "package.json"), `${JSON.stringify(rootPackage, null, 2)}\n`);

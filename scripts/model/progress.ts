@@ -56,3 +56,9 @@ export function progressBar(passed: number, expected: number): string {
   const cells = expected > 0 ? Math.floor((10 * Math.min(passed, expected)) / expected) : 0;
   return `${"█".repeat(cells)}${"░".repeat(10 - cells)} ${passed}/${expected}`;
 }
+
+/** Drops the records of these folders (they no longer exist). */
+export function forgetPracticeFolders(courseRoot: string, gone: PracticeRecord[]): void {
+  const dirs = new Set(gone.map((r) => r.dir));
+  writeJson(path.join(courseRoot, STATE_DIR, FOLDERS_FILE), readPracticeRecords(courseRoot).filter((r) => !dirs.has(r.dir)));
+}

@@ -1,0 +1,103 @@
+// Learner guidance: the hint ladder climbs one rung per call in a practice folder and remembers it there; progress
+// runs the chapter and names the next lab; the course root lists the practice folders it created; verify refuses a
+// lab without its three rungs and a rung that quotes the solution.
+import test, { after, before } from "node:test";
+import assert from "node:assert/strict";
+import path from "node:path";
+import fs from "fs-extra";
+import { loadCheckpoints, parseManifest } from "../scripts/model/manifest.js";
+import { ensureHistory } from "../scripts/model/history.js";
+import { HINT_RUNGS, quotedCodeLines } from "../scripts/model/hints.js";
+import { quotePath } from "../scripts/model/quote.js";
+import { REPO, at, copyCourse, course, lines, linkNodeModules, realChapter, tempDir } from "./harness-helpers.js";
+
+const checkpoints = loadCheckpoints();
+const chapter = realChapter(checkpoints);
+const n = Number(chapter.id);
+const lab = `${n}.1`;
+let scratch: string;
+let courseCopy: string;
+let practice: string;
+
+before(async () => {
+  await ensureHistory(checkpoints);
+  scratch = await tempDir("guidance");
+  // A copy of the course, so that the practice-folder record it writes is its own, not this checkout's.
+  courseCopy = path.join(scratch, "course");
+  await copyCourse(courseCopy);
+  const created = await course(courseCopy, "practice", [chapter.id, "p"], { caller: scratch });
+  assert.equal(created.code, 0, created.stderr);
+  practice = path.join(scratch, "p");
+  await linkNodeModules(practice);
+});
+after(async () => {
+  await fs.remove(scratch);
+});
+
+test("hint：练习目录里每运行一次多给一级，状态记在目录里且不进 git，--all 重看已看过的各级", async () => {
+  const rungs = chapter.labs[0]!.hints;
+  assert.equal(rungs.length, HINT_RUNGS.length);
+  const none = await course(practice, "hint", [lab, "--all"]);
+  assert.equal(none.code, 0, none.stderr);
+  assert.match(none.stdout, /一级都没看过/);
+  for (let index = 0; index < rungs.length; index += 1) {
+    const shown = await course(practice, "hint", [lab]);
+    assert.equal(shown.code, 0, shown.stderr);
+    assert.ok(shown.stdout.includes(`提示 ${index + 1}/3 · ${HINT_RUNGS[index]}`), shown.stdout);
+    assert.ok(shown.stdout.includes(rungs[index]!), shown.stdout);
+    for (const later of rungs.slice(index + 1)) assert.ok(!shown.stdout.includes(later), "还没到的那一级不能提前出现");
+  }
+  const done = await course(practice, "hint", [lab]);
+  assert.match(done.stdout, /三级提示都已看过/);
+  const all = await course(practice, "hint", [lab, "--all"]);
+  for (const rung of rungs) assert.ok(all.stdout.includes(rung));
+  assert.ok(fs.existsSync(path.join(practice, ".pi-course", "hints.json")));
+  const ignored = await fs.readFile(path.join(practice, ".gitignore"), "utf8");
+  assert.match(ignored, /^\.pi-course\/$/m);
+});
+
+test("hint：别的章节、不存在的 lab、缺参数各给一行说明并以非零退出；课程仓库里给出整份阶梯", async () => {
+  const other = await course(practice, "hint", ["13.1"]);
+  assert.equal(other.code, 2);
+  assert.match(other.stderr, new RegExp(`这个练习目录是第 ${chapter.id} 章`));
+  const missing = await course(practice, "hint", [`${n}.9`]);
+  assert.equal(missing.code, 2);
+  assert.match(missing.stderr, /没有 Lab/);
+  const usage = await course(practice, "hint", []);
+  assert.equal(usage.code, 2);
+  assert.match(usage.stderr, /用法：npm run hint/);
+  const author = await course(REPO, "hint", [lab]);
+  assert.equal(author.code, 0, author.stderr);
+  assert.match(author.stdout, /课程仓库/);
+  for (const rung of chapter.labs[0]!.hints) assert.ok(author.stdout.includes(rung));
+});
+
+test("progress：练习目录里跑整章，给出每个 lab 的进度条、下一个 lab、它的第一条红灯和 hint 命令；课程仓库列出它创建的练习目录", async () => {
+  const before = await course(courseCopy, "progress", []);
+  assert.equal(before.code, 0, before.stderr);
+  assert.match(before.stdout, /还没有运行过 lab/);
+  const shown = await course(practice, "progress", []);
+  assert.equal(shown.code, 0, shown.stderr);
+  for (const l of chapter.labs) assert.match(shown.stdout, new RegExp(`Lab ${l.id.replace(".", "\\.")} +░{10} 0/${l.count}`));
+  assert.match(shown.stdout, new RegExp(`下一个要做的 lab：Lab ${lab.replace(".", "\\.")}`));
+  assert.ok(shown.stdout.includes(chapter.firstRed), shown.stdout);
+  assert.ok(shown.stdout.includes(`npm run hint -w @pi/course -- ${lab}`));
+  const listed = await course(courseCopy, "progress", []);
+  assert.ok(listed.stdout.includes(practice), listed.stdout);
+  assert.ok(lines(listed.stdout).some((line) => line.includes(`░ 0/${chapter.labs.reduce((s, l) => s + l.count, 0)}`)), listed.stdout);
+});
+
+test("提示阶梯的清单规则：正好三级；抄了 target 代码行的一级会被指出", () => {
+  const raw = JSON.parse(fs.readFileSync(at(REPO, `checkpoints/${chapter.folder}/checkpoint.json`), "utf8")) as { labs: { hints?: string[] }[] };
+  raw.labs[0]!.hints = ["只有一级"];
+  assert.throws(() => parseManifest(raw, "x.json"), /提示阶梯必须正好三级/);
+  const code = "export function demo(value: number): number {\n  const doubled = value * 2 + offsetOf(value);\n  return doubled;\n}\n";
+  assert.deepEqual(quotedCodeLines("先把值加倍：const doubled = value * 2 + offsetOf(value); 然后返回", code), ["const doubled = value * 2 + offsetOf(value);"]);
+  assert.deepEqual(quotedCodeLines("把输入加倍，再加上它的偏移量，最后返回", code), []);
+});
+
+test("打印的路径在 bash 与 PowerShell 里都能原样粘贴：空格、中文和引号", () => {
+  assert.equal(quotePath("/tmp/plain-dir_1"), "/tmp/plain-dir_1");
+  assert.equal(quotePath("/tmp/有 空格"), "'/tmp/有 空格'");
+  assert.equal(quotePath("/tmp/it's"), "\"/tmp/it's\"");
+});
