@@ -101,3 +101,15 @@ test("打印的路径在 bash 与 PowerShell 里都能原样粘贴：空格、�
   assert.equal(quotePath("/tmp/有 空格"), "'/tmp/有 空格'");
   assert.equal(quotePath("/tmp/it's"), "\"/tmp/it's\"");
 });
+
+test("练习目录带一份 AGENT_GUIDE.md：陪练规则加本章的起点、各 lab 测试数、第一次红灯与验收清单", async () => {
+  const text = await fs.readFile(path.join(practice, "AGENT_GUIDE.md"), "utf8");
+  for (const rule of ["先预测，后运行", "先读 parent，再看差异", "一步只守一条不变量", "卡住就爬提示阶梯", "从不粘贴答案", "从不削弱测试"])
+    assert.ok(text.includes(rule), `缺少规则：${rule}`);
+  assert.ok(text.includes(`\`${chapter.firstRed}\``));
+  for (const l of chapter.labs) assert.ok(text.includes(`Lab ${l.id} ${l.count} 项`));
+  const guide = await fs.readFile(at(REPO, chapter.guide), "utf8");
+  const firstCheck = guide.split("\n").find((line) => line.startsWith("- [ ] "))!;
+  assert.ok(text.includes(firstCheck), "验收清单来自本章讲义");
+  assert.ok(fs.existsSync(at(REPO, "LEARN_WITH_AGENT.md")));
+});

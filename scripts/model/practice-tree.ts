@@ -8,6 +8,7 @@ import { fitLockfile, type LockFile } from "./lockfile.js";
 import { PACKAGE_DIR, PRACTICE_MANIFEST, ROOT, inTree } from "./paths.js";
 import { PRACTICE_IGNORES, sha256 } from "./practice-state.js";
 import { compiledTest } from "./tests.js";
+import { agentGuideText } from "./agent-guide.js";
 
 /** What `lab` needs to know inside a practice folder (nothing here reveals the solution). */
 export interface PracticeManifest {
@@ -137,7 +138,9 @@ export async function writePracticeTree(c: Checkpoint, info: HistoryInfo, dest: 
     "",
   ].join("\n"));
   const guide = inTree(ROOT, c.guide);
-  if (fs.existsSync(guide)) await fs.copy(guide, inTree(dest, "GUIDE.md"));
+  const guideText = fs.existsSync(guide) ? await fs.readFile(guide, "utf8") : "";
+  if (guideText) await fs.writeFile(inTree(dest, "GUIDE.md"), guideText);
+  await fs.writeFile(inTree(dest, "AGENT_GUIDE.md"), agentGuideText(c, guideText));
   await fs.writeFile(inTree(dest, "LEARNING.md"), learningText(c, info, finalDir));
 }
 
@@ -219,7 +222,8 @@ export function learningText(c: Checkpoint, info: HistoryInfo, dest: string): st
     ...c.faults.map((f) => faultCommand(c.id, f.id)),
     "```",
     "",
-    "章节讲义在 `GUIDE.md`。依赖可以复用课程仓库的版本，但不要把课程仓库里的实现复制进来。",
+    "章节讲义在 `GUIDE.md`；想让编码 Agent 陪练，把 `AGENT_GUIDE.md` 交给它。卡住时 `npm run hint -w @pi/course -- <lab>` 一级一级地给提示，",
+    "`npm run progress -w @pi/course` 显示全章进度。依赖可以复用课程仓库的版本，但不要把课程仓库里的实现复制进来。",
     "",
   );
   return lines.join("\n");
