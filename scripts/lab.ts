@@ -1,10 +1,13 @@
-// npm run lab -w @pi/course -- 13.1 | 13 [--watch] [--strict]
+// npm run lab -w @pi/course -- 13.1 | 13 [--watch] [--strict] [--coverage] | 14 --held-out --dir DIR
 // Builds incrementally, runs node's test runner with an anchored lab pattern and prints `Lab 13.1: 0/2` lines.
 // Exit code of a red run: 1 for scripts and CI (`--strict`, CI=true, or output that is not a terminal); at a learner's
 // terminal 0, so that npm does not append its seven-line "Lifecycle script failed" block after our own last line.
+// --coverage adds c8's line and branch coverage of the chapter's teaching files; --held-out (course root only) runs
+// the chapter's held-out tests on the learner's teaching files laid over a temporary copy of the target.
 import fs from "node:fs"; // not fs-extra: the lab loop loads these modules on every run
+import os from "node:os";
 import path from "node:path";
-import { CourseError, main, rejectUnknownOptions, takeFlag } from "./model/cli.js";
+import { CourseError, main, rejectUnknownOptions, takeFlag, takeOption } from "./model/cli.js";
 import { type ChapterSpec, type LabReport, firstWait, formatLabReport, runLab } from "./model/labs.js";
 import { loadCheckpoints, parseChapterArg } from "./model/manifest.js";
 import { PACKAGE_DIR, PRACTICE_MANIFEST, ROOT, inTree, isPracticeRoot } from "./model/paths.js";
@@ -13,7 +16,7 @@ import { type PracticeManifest, faultCommand, readPracticeManifest } from "./mod
 import { quotePath } from "./model/quote.js";
 import { recordProgress } from "./model/progress.js";
 
-const USAGE = "用法：npm run lab -w @pi/course -- <章.lab | 章> [--watch] [--strict]   例如 13.1（只跑 Lab 13.1）或 13（全章验收）";
+const USAGE = "用法：npm run lab -w @pi/course -- <章.lab | 章> [--watch] [--strict] [--coverage]   例如 13.1（只跑 Lab 13.1）或 13（全章验收）；保留测试：在课程仓库里 npm run lab -w @pi/course -- 14 --held-out --dir <练习目录>";
 
 /** Practice folders next to this checkout that it created, for chapter `id` (the default place is ../pi-practice-NN). */
 function practiceFoldersOf(id: string): string[] {
@@ -121,12 +124,59 @@ function redExit(strict: boolean): number {
   return strict || ci || !process.stdout.isTTY ? 1 : 0;
 }
 
+/** The chapter (or one lab) with the test processes writing V8 coverage, then c8's figures for the teaching files. */
+async function withCoverage(id: string, lab: string | undefined): Promise<boolean> {
+  const teachingFiles = isPracticeRoot()
+    ? (JSON.parse(fs.readFileSync(inTree(ROOT, PRACTICE_MANIFEST), "utf8")) as PracticeManifest).teachingFiles
+    : loadCheckpoints().find((c) => c.id === id)?.teachingFiles ?? [];
+  const raw = fs.mkdtempSync(path.join(os.tmpdir(), "pi-course-coverage-"));
+  process.env.NODE_V8_COVERAGE = raw; // inherited by every test process this run starts
+  try {
+    const ok = await once(id, lab);
+    const { formatCoverage, teachingCoverage } = await import("./model/coverage.js");
+    console.log(formatCoverage(await teachingCoverage(ROOT, raw, teachingFiles)));
+    return ok;
+  } finally {
+    delete process.env.NODE_V8_COVERAGE;
+    fs.rmSync(raw, { recursive: true, force: true });
+  }
+}
+
+async function heldOut(id: string, dirArg: string): Promise<boolean> {
+  if (isPracticeRoot()) throw new CourseError("保留测试只在课程仓库里运行（它们从不进入练习目录）：回到课程仓库，再用 --dir 指向这个练习目录。", 2);
+  const { ensureHistory } = await import("./model/history.js");
+  const { runHeldOut } = await import("./model/held-out.js");
+  const { resolveFromCaller } = await import("./model/paths.js");
+  const checkpoints = loadCheckpoints();
+  const c = checkpoints.find((x) => x.id === id);
+  if (!c) throw new CourseError(`找不到 checkpoint ${id}；${USAGE}`, 2);
+  const report = await runHeldOut(c, await ensureHistory(checkpoints, { log: console.log }), resolveFromCaller(dirArg));
+  console.log(`保留测试 ${report.file}（在 target 的临时副本上运行你的教学文件；测试不会进入练习目录）`);
+  console.log(formatLabReport(report, false));
+  const passed = report.verdicts.reduce((sum, v) => sum + v.passed, 0);
+  console.log(`held-out total: ${passed}/${report.verdicts.reduce((sum, v) => sum + v.ran, 0)}`);
+  console.log(report.ok ? "保留测试全部通过：你的实现在没见过的用例上也成立。" : "保留测试发现了聚焦测试没覆盖的情况：读第一条失败，回到练习目录里修，再运行同一条命令。");
+  return report.ok;
+}
+
 await main(async (args) => {
   const watch = takeFlag(args, "--watch");
   const strict = takeFlag(args, "--strict");
+  const coverage = takeFlag(args, "--coverage");
+  const held = takeFlag(args, "--held-out");
+  const dir = takeOption(args, "--dir");
   rejectUnknownOptions(args);
   const parsed = parseChapterArg(args[0]);
   if (!parsed || args.length !== 1) throw new CourseError(USAGE, 2);
+  if (held || dir !== undefined) {
+    if (!held || dir === undefined || parsed.lab || watch || coverage)
+      throw new CourseError("保留测试的用法：npm run lab -w @pi/course -- <章> --held-out --dir <练习目录>（整章，不带 lab 号）", 2);
+    return (await heldOut(parsed.id, dir)) ? 0 : redExit(strict);
+  }
+  if (coverage) {
+    if (watch) throw new CourseError("--coverage 与 --watch 不能同时使用", 2);
+    return (await withCoverage(parsed.id, parsed.lab)) ? 0 : redExit(strict);
+  }
   if (!watch) return (await once(parsed.id, parsed.lab)) ? 0 : redExit(strict);
 
   const run = async (): Promise<void> => {

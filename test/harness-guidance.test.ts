@@ -113,3 +113,53 @@ test("练习目录带一份 AGENT_GUIDE.md：陪练规则加本章的起点、�
   assert.ok(text.includes(firstCheck), "验收清单来自本章讲义");
   assert.ok(fs.existsSync(at(REPO, "LEARN_WITH_AGENT.md")));
 });
+
+test("lab --coverage：c8 给出教学文件的行与分支覆盖率，没有测试走到的函数体列为未覆盖的行", async () => {
+  const file = chapter.teachingFiles[0]!;
+  const source = at(courseCopy, file);
+  const before = (await fs.readFile(source, "utf8")).replace(/\n*$/, "\n");
+  const first = before.split("\n").length; // the line number the appended function starts on
+  await fs.writeFile(source, `${before}export function neverCalled(value: number): number {\n  const doubled = value * 2;\n  return doubled + 1;\n}\n`);
+  try {
+    const shown = await course(courseCopy, "lab", [String(n), "--coverage"]);
+    assert.equal(shown.code, 0, shown.stdout + shown.stderr);
+    assert.match(shown.stdout, /覆盖率（c8/);
+    const row = new RegExp(`${file.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}：行 ([\\d.]+) %（(\\d+)/(\\d+)），分支 [\\d.]+ %`).exec(shown.stdout);
+    assert.ok(row, shown.stdout);
+    assert.ok(Number(row[2]) < Number(row[3]), "加了一个没人调用的函数，行覆盖率不可能是满的");
+    const ranges = /未覆盖的行：(.+)/.exec(shown.stdout)![1]!.split("、").map((r) => r.split("-").map(Number));
+    const covers = (line: number): boolean => ranges.some(([a, b]) => line >= a! && line <= (b ?? a!));
+    assert.ok(covers(first + 1) && covers(first + 2), `函数体（第 ${first + 1}-${first + 2} 行）应列为未覆盖：${shown.stdout}`);
+    assert.ok(!covers(1), "被测试走到的开头几行不应列为未覆盖");
+  } finally {
+    await fs.writeFile(source, before);
+  }
+});
+
+test("lab --held-out：在 target 的临时副本上运行学习者的教学文件，保留测试从不进入练习目录", async () => {
+  const capstone = checkpoints.find((c) => c.heldOutTests.length > 0)!;
+  const dir = path.join(scratch, `p${capstone.id}`);
+  const created = await course(REPO, "practice", [capstone.id, dir], { caller: scratch });
+  assert.equal(created.code, 0, created.stderr);
+  await linkNodeModules(dir);
+  for (const file of capstone.heldOutTests) assert.ok(!fs.existsSync(at(dir, file)));
+  const red = await course(REPO, "lab", [capstone.id, "--held-out", "--dir", dir]);
+  assert.equal(red.code, 1, red.stdout + red.stderr);
+  assert.match(red.stdout, /Lab \d+\.\d+: 0\/\d+/);
+  assert.ok(red.stdout.includes(capstone.firstRed), red.stdout);
+  // The learner finishes the chapter: their files are now the target's.
+  for (const file of capstone.teachingFiles) await fs.copy(at(REPO, file), at(dir, file));
+  const green = await course(REPO, "lab", [capstone.id, "--held-out", "--dir", dir]);
+  assert.equal(green.code, 0, green.stdout + green.stderr);
+  assert.match(green.stdout, /held-out total: (\d+)\/\1/);
+  for (const file of capstone.heldOutTests) assert.ok(!fs.existsSync(at(dir, file)), "保留测试不能留在练习目录里");
+  const inside = await course(dir, "lab", [capstone.id, "--held-out", "--dir", "."], { caller: dir });
+  assert.equal(inside.code, 2);
+  assert.match(inside.stderr, /只在课程仓库里运行/);
+  const wrong = await course(REPO, "lab", [capstone.id, "--held-out", "--dir", practice]);
+  assert.equal(wrong.code, 2);
+  assert.match(wrong.stderr, new RegExp(`是第 ${chapter.id} 章的练习目录`));
+  const none = await course(REPO, "lab", [chapter.id, "--held-out", "--dir", practice]);
+  assert.equal(none.code, 2);
+  assert.match(none.stderr, /没有保留测试/);
+});
