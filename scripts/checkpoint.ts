@@ -6,6 +6,7 @@ import { type HistoryInfo, diffText, ensureHistory, materialize } from "./model/
 import { ROOT, isInside, resolveFromCaller } from "./model/paths.js";
 import { checkDestination, writeNewFolder } from "./model/destination.js";
 import { quotePath } from "./model/quote.js";
+import { interactive, pickChapter } from "./model/picker.js";
 
 const USAGE = "用法：npm run checkpoint -w @pi/course -- <章节 00..NN> [--diff] [--checkout 目录]";
 
@@ -60,8 +61,11 @@ await main(async (args) => {
   rejectUnknownOptions(args);
   const checkpoints = loadCheckpoints();
   if (args.length === 0 && !showDiff && checkoutArg === undefined) {
-    console.log(chapterList(checkpoints));
-    return 0;
+    if (!interactive()) {
+      console.log(chapterList(checkpoints));
+      return 0;
+    }
+    args.push((await pickChapter(checkpoints, "查看哪一章的 checkpoint 卡片？")).id);
   }
   if (args.length !== 1) throw new CourseError(USAGE, 2);
   const c = findCheckpoint(checkpoints, args[0], USAGE);

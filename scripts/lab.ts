@@ -7,7 +7,7 @@
 import fs from "node:fs"; // not fs-extra: the lab loop loads these modules on every run
 import os from "node:os";
 import path from "node:path";
-import { CourseError, main, rejectUnknownOptions, takeFlag, takeOption } from "./model/cli.js";
+import { CourseError, interactive, main, rejectUnknownOptions, takeFlag, takeOption } from "./model/cli.js";
 import { type ChapterSpec, type LabReport, firstWait, formatLabReport, runLab } from "./model/labs.js";
 import { loadCheckpoints, parseChapterArg } from "./model/manifest.js";
 import { PACKAGE_DIR, PRACTICE_MANIFEST, ROOT, inTree, isPracticeRoot } from "./model/paths.js";
@@ -142,6 +142,18 @@ async function withCoverage(id: string, lab: string | undefined): Promise<boolea
   }
 }
 
+/** No lab given at a terminal: in a practice folder its labs with their last state, else a chapter then a lab. */
+async function pickInteractively(): Promise<string> {
+  const { pickChapter, pickLab } = await import("./model/picker.js");
+  if (isPracticeRoot()) {
+    const practice = JSON.parse(fs.readFileSync(inTree(ROOT, PRACTICE_MANIFEST), "utf8")) as PracticeManifest;
+    const { readProgress } = await import("./model/progress.js");
+    return pickLab(practice.id, practice.labs, readProgress(ROOT));
+  }
+  const c = await pickChapter(loadCheckpoints(), "运行哪一章的 lab？（课程仓库里运行的是课程自己的答案）");
+  return pickLab(c.id, c.labs);
+}
+
 async function heldOut(id: string, dirArg: string): Promise<boolean> {
   if (isPracticeRoot()) throw new CourseError("保留测试只在课程仓库里运行（它们从不进入练习目录）：回到课程仓库，再用 --dir 指向这个练习目录。", 2);
   const { ensureHistory } = await import("./model/history.js");
@@ -166,6 +178,7 @@ await main(async (args) => {
   const held = takeFlag(args, "--held-out");
   const dir = takeOption(args, "--dir");
   rejectUnknownOptions(args);
+  if (args.length === 0 && interactive()) args.push(await pickInteractively());
   const parsed = parseChapterArg(args[0]);
   if (!parsed || args.length !== 1) throw new CourseError(USAGE, 2);
   if (held || dir !== undefined) {

@@ -11,14 +11,22 @@ import { writePracticeTree } from "./model/practice-tree.js";
 import { checkDestination, writeNewFolder } from "./model/destination.js";
 import { quotePath } from "./model/quote.js";
 import { recordPracticeFolder } from "./model/progress.js";
+import { askFolder, confirm, interactive, pickChapter } from "./model/picker.js";
 
 const USAGE = "用法：npm run practice -w @pi/course -- <章节> [练习目录]   例如 13 ../pi-practice-13（相对于你当前所在的目录）";
 const SIGNALS = ["SIGINT", "SIGTERM", "SIGHUP"] as const;
 
 await main(async (args) => {
   rejectUnknownOptions(args);
-  if (args.length < 1 || args.length > 2) throw new CourseError(USAGE, 2);
   const checkpoints = loadCheckpoints();
+  if (args.length === 0 && interactive()) {
+    const picked = await pickChapter(checkpoints, "为哪一章建练习目录？");
+    const folder = await askFolder(`../pi-practice-${picked.id}`);
+    const shownDest = resolveFromCaller(folder);
+    if (!(await confirm(`在 ${shownDest} 创建第 ${picked.id} 章的练习目录？`))) throw new CourseError("已取消，什么也没有创建。", 130);
+    args.push(picked.id, folder);
+  }
+  if (args.length < 1 || args.length > 2) throw new CourseError(USAGE, 2);
   const c = findCheckpoint(checkpoints, args[0], USAGE);
   const wanted = resolveFromCaller(args[1] ?? `../pi-practice-${c.id}`);
   if (isInside(wanted, ROOT)) throw new CourseError(`练习目录必须位于课程仓库之外：${quotePath(wanted)}`, 2);

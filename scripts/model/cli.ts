@@ -98,3 +98,8 @@ export function rejectUnknownOptions(args: string[]): void {
   const unknown = args.find((arg) => arg.startsWith("--"));
   if (unknown) throw new CourseError(`不认识的选项：${unknown}`, 2);
 }
+
+/** A person at a terminal: stdin and stdout are TTYs and this is not CI (then pickers may ask instead of failing). */
+export function interactive(): boolean {
+  return Boolean(process.stdin.isTTY && process.stdout.isTTY) && !process.env.CI;
+}

@@ -1,0 +1,104 @@
+// The pickers: with a terminal on both ends (a real pseudo-terminal from util-linux `script`), checkpoint, practice
+// and lab without a chapter ask instead of failing; without one (pipes, CI) they behave exactly as before.
+import test, { after, before } from "node:test";
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import path from "node:path";
+import fs from "fs-extra";
+import { loadCheckpoints } from "../scripts/model/manifest.js";
+import { ensureHistory } from "../scripts/model/history.js";
+import { PACKAGE, REPO, collect, course, learnerEnv, linkNodeModules, realChapter, tempDir } from "./harness-helpers.js";
+
+const checkpoints = loadCheckpoints();
+const chapter = realChapter(checkpoints);
+const DOWN = "\u001b[B";
+const ENTER = "\r";
+let scratch: string;
+
+before(async () => {
+  await ensureHistory(checkpoints);
+  scratch = await tempDir("picker");
+});
+after(async () => {
+  await fs.remove(scratch);
+});
+
+/** Keys to type once the screen shows `when`. */
+interface Step { when: string; keys: string }
+
+/**
+ * Runs `scripts/<command>.ts` of `root` inside a pseudo-terminal, as a learner's npm would (cwd = the package,
+ * INIT_CWD = `caller`), typing each step's keys after its text appeared on the screen.
+ */
+async function inTerminal(root: string, command: string, steps: Step[], caller = root): Promise<{ code: number | null; screen: string }> {
+  const script = `${JSON.stringify(process.execPath)} --import tsx ${JSON.stringify(path.join(root, "scripts", `${command}.ts`))}`;
+  const env = learnerEnv({ INIT_CWD: caller, TERM: "xterm" });
+  delete env.CI;
+  const child = spawn("script", ["-qefc", script, "/dev/null"], { cwd: path.join(root, PACKAGE), env, stdio: ["pipe", "pipe", "pipe"] });
+  let screen = "";
+  const pending = [...steps];
+  child.stdout!.setEncoding("utf8").on("data", (chunk: string) => {
+    screen += chunk;
+    const next = pending[0];
+    if (next && screen.includes(next.when)) {
+      pending.shift();
+      setTimeout(() => child.stdin!.write(next.keys), 150);
+    }
+  });
+  const result = await collect(child, 90_000);
+  assert.equal(pending.length, 0, `没有等到：${pending[0]?.when}\n${screen}`);
+  return { code: result.code, screen };
+}
+
+const pick = (index: number): string => `${DOWN.repeat(index)}${ENTER}`;
+const index = checkpoints.indexOf(chapter);
+
+test("checkpoint：终端里不带章节时弹出章节选择器，选中后显示那一章的卡片；没有终端时照旧列出章节", async () => {
+  const chosen = await inTerminal(REPO, "checkpoint", [{ when: "查看哪一章", keys: pick(index) }]);
+  assert.equal(chosen.code, 0, chosen.screen);
+  assert.ok(chosen.screen.includes(`Checkpoint ${chapter.id} · ${chapter.title}`), chosen.screen);
+  const piped = await course(REPO, "checkpoint", []);
+  assert.equal(piped.code, 0);
+  assert.match(piped.stdout, /pi-course 的章节/);
+  assert.ok(!piped.stdout.includes("查看哪一章"));
+});
+
+test("practice：选章节、输入目录、确认后才创建；在确认处回答否则什么也不创建；没有终端时照旧给出用法", async () => {
+  const yes = await inTerminal(REPO, "practice", [
+    { when: "为哪一章建练习目录", keys: pick(index) },
+    { when: "练习目录放在哪里", keys: `picked${ENTER}` },
+    { when: "创建第", keys: "y" },
+  ], scratch);
+  assert.equal(yes.code, 0, yes.screen);
+  assert.ok(fs.existsSync(path.join(scratch, "picked", "pi-practice.json")), yes.screen);
+  assert.ok(yes.screen.includes(path.join(scratch, "picked")));
+
+  const no = await inTerminal(REPO, "practice", [
+    { when: "为哪一章建练习目录", keys: pick(index) },
+    { when: "练习目录放在哪里", keys: `refused${ENTER}` },
+    { when: "创建第", keys: "n" },
+  ], scratch);
+  assert.equal(no.code, 130, no.screen);
+  assert.match(no.screen, /已取消/);
+  assert.ok(!fs.existsSync(path.join(scratch, "refused")));
+
+  const piped = await course(REPO, "practice", [], { caller: scratch });
+  assert.equal(piped.code, 2);
+  assert.match(piped.stderr, /用法：npm run practice/);
+});
+
+test("lab：练习目录里不带 lab 时列出本章的 lab 和各自的状态，选中后运行它；Esc 取消；没有终端时照旧给出用法", async () => {
+  const practice = path.join(scratch, "picked");
+  await linkNodeModules(practice);
+  const ran = await inTerminal(practice, "lab", [{ when: "运行哪一个 lab", keys: ENTER }]);
+  assert.ok(ran.screen.includes("还没运行过"), ran.screen);
+  assert.equal(ran.code, 1, ran.screen);
+  assert.ok(ran.screen.includes(`Lab ${chapter.labs[0]!.id}: 0/${chapter.labs[0]!.count}`), ran.screen);
+  // The run above is remembered: the picker now shows that lab's state.
+  const again = await inTerminal(practice, "lab", [{ when: "运行哪一个 lab", keys: "\u001b" }]);
+  assert.ok(again.screen.includes(`✗ 0/${chapter.labs[0]!.count}`), again.screen);
+  assert.equal(again.code, 130);
+  const piped = await course(practice, "lab", []);
+  assert.equal(piped.code, 2);
+  assert.match(piped.stderr, /用法：npm run lab/);
+});
