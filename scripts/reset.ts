@@ -1,18 +1,18 @@
 // npm run reset -w @pi/course -- 9.1 | 09 | tests   (in a practice folder)
 // Puts files back as the practice folder's first commit has them: the teaching files a lab is built in (9.1), every
 // teaching file of the chapter (09), or the given tests (tests). The learner's version is kept in a backup folder,
-// whose path is printed. Nothing to reset is a one-line refusal.
+// whose path is printed. Nothing to reset is a one-line refusal. At a terminal it asks before overwriting (unless --yes).
 import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
-import { CourseError, main, rejectUnknownOptions } from "./model/cli.js";
+import { CourseError, interactive, main, rejectUnknownOptions, takeFlag } from "./model/cli.js";
 import { parseChapterArg } from "./model/manifest.js";
 import { ROOT, inTree, isPracticeRoot } from "./model/paths.js";
 import { backupFolder } from "./model/practice-state.js";
 import { type PracticeManifest, readPracticeManifest } from "./model/practice-tree.js";
 import { quotePath } from "./model/quote.js";
 
-const USAGE = "用法：npm run reset -w @pi/course -- <章.lab | 章 | tests>   例如 9.1（这个 lab 的教学文件）、09（本章全部教学文件）、tests（给定的测试）";
+const USAGE = "用法：npm run reset -w @pi/course -- <章.lab | 章 | tests> [--yes]   例如 9.1（这个 lab 的教学文件）、09（本章全部教学文件）、tests（给定的测试）";
 
 function git(args: string[]): Buffer {
   try {
@@ -38,6 +38,7 @@ function selection(practice: PracticeManifest, arg: string): { files: string[]; 
 }
 
 await main(async (args) => {
+  const yes = takeFlag(args, "--yes");
   rejectUnknownOptions(args);
   if (args.length !== 1) throw new CourseError(USAGE, 2);
   if (!isPracticeRoot()) throw new CourseError("reset 只在练习目录里使用：它从练习目录自己的第一个提交恢复脚手架。先 cd 到你的练习目录。", 2);
@@ -53,6 +54,11 @@ await main(async (args) => {
   });
   if (changed.length === 0) throw new CourseError(`没有要恢复的：${what}（${files.join("、")}）与练习目录的第一个提交完全相同。`);
 
+  if (!yes && interactive()) {
+    const { confirm } = await import("./model/picker.js");
+    const asked = `用脚手架覆盖 ${changed.join("、")}？（你的版本会先存进备份目录）`;
+    if (!(await confirm(asked, false))) throw new CourseError("已取消，什么也没有改。", 130);
+  }
   const backup = backupFolder(ROOT);
   for (const file of changed) {
     const full = inTree(ROOT, file);

@@ -30,8 +30,8 @@ interface Step { when: string; keys: string }
  * Runs `scripts/<command>.ts` of `root` inside a pseudo-terminal, as a learner's npm would (cwd = the package,
  * INIT_CWD = `caller`), typing each step's keys after its text appeared on the screen.
  */
-async function inTerminal(root: string, command: string, steps: Step[], caller = root): Promise<{ code: number | null; screen: string }> {
-  const script = `${JSON.stringify(process.execPath)} --import tsx ${JSON.stringify(path.join(root, "scripts", `${command}.ts`))}`;
+async function inTerminal(root: string, command: string, steps: Step[], caller = root, args: string[] = []): Promise<{ code: number | null; screen: string }> {
+  const script = [process.execPath, "--import", "tsx", path.join(root, "scripts", `${command}.ts`), ...args].map((part) => JSON.stringify(part)).join(" ");
   const env = learnerEnv({ INIT_CWD: caller, TERM: "xterm" });
   delete env.CI;
   const child = spawn("script", ["-qefc", script, "/dev/null"], { cwd: path.join(root, PACKAGE), env, stdio: ["pipe", "pipe", "pipe"] });
@@ -92,7 +92,7 @@ test("lab：练习目录里不带 lab 时列出本章的 lab 和各自的状态�
   await linkNodeModules(practice);
   const ran = await inTerminal(practice, "lab", [{ when: "运行哪一个 lab", keys: ENTER }]);
   assert.ok(ran.screen.includes("还没运行过"), ran.screen);
-  assert.equal(ran.code, 1, ran.screen);
+  assert.equal(ran.code, 0, ran.screen); // a red run at a learner's terminal ends with our own line and exit 0
   assert.ok(ran.screen.includes(`Lab ${chapter.labs[0]!.id}: 0/${chapter.labs[0]!.count}`), ran.screen);
   // The run above is remembered: the picker now shows that lab's state.
   const again = await inTerminal(practice, "lab", [{ when: "运行哪一个 lab", keys: "\u001b" }]);
@@ -101,4 +101,26 @@ test("lab：练习目录里不带 lab 时列出本章的 lab 和各自的状态�
   const piped = await course(practice, "lab", []);
   assert.equal(piped.code, 2);
   assert.match(piped.stderr, /用法：npm run lab/);
+});
+
+test("reset：终端里覆盖之前先问（默认否），回答否则文件不变；--yes 与没有终端时直接恢复", async () => {
+  const practice = path.join(scratch, "picked");
+  const file = chapter.teachingFiles[0]!;
+  const full = path.join(practice, ...file.split("/"));
+  const starter = await fs.readFile(full, "utf8");
+  const mine = `${starter}\n// 学习者写到一半的代码\n`;
+  await fs.writeFile(full, mine);
+  const lab = `${Number(chapter.id)}.1`;
+  const no = await inTerminal(practice, "reset", [{ when: "用脚手架覆盖", keys: ENTER }], practice, [lab]);
+  assert.equal(no.code, 130, no.screen);
+  assert.equal(await fs.readFile(full, "utf8"), mine, "回答否（默认）时文件不能被改动");
+  const yes = await inTerminal(practice, "reset", [{ when: "用脚手架覆盖", keys: "y" }], practice, [lab]);
+  assert.equal(yes.code, 0, yes.screen);
+  assert.equal(await fs.readFile(full, "utf8"), starter);
+  await fs.writeFile(full, mine);
+  const flagged = await inTerminal(practice, "reset", []);
+  assert.equal(flagged.code, 2, "没有参数时照旧给出用法");
+  const forced = await course(practice, "reset", [String(Number(chapter.id)), "--yes"]);
+  assert.equal(forced.code, 0, forced.stderr);
+  assert.equal(await fs.readFile(full, "utf8"), starter);
 });
