@@ -1,0 +1,522 @@
+import assert from "node:assert/strict";
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import test from "node:test";
+import {
+  JSON_RPC_ERROR_CODES,
+  LATEST_PROTOCOL_VERSION,
+  McpAbortError,
+  McpClient,
+  McpConnectionClosedError,
+  McpError,
+  McpTimeoutError,
+  StdioTransport,
+  createInMemoryTransportPair,
+  isJsonRpcNotification,
+  isJsonRpcRequest,
+  isJsonRpcResponse,
+  parseJsonRpcMessage,
+  splitJsonRpcLines,
+  type InMemoryTransport,
+  type JsonRpcMessage,
+  type JsonRpcRequest,
+  type McpToolInfo,
+} from "../src/mcp.js";
+//@@17.5-imports@@
+
+// ---------------------------------------------------------------------------
+// 夹具
+// ---------------------------------------------------------------------------
+
+const HANG_GUARD = { timeout: 5_000 };
+const CHILD_GUARD = { timeout: 10_000 };
+const CLIENT_INFO = { name: "course-test", version: "1.0.0" };
+
+/** 让当前排队的 microtask 与 I/O 回调都跑完（不是计时断言，只是“先让别人走完”）。 */
+function settle(): Promise<void> {
+  return new Promise((done) => setImmediate(done));
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((done) => setTimeout(done, ms));
+}
+
+function tool(name: string, description = `${name} tool`): McpToolInfo {
+  return { name, description, inputSchema: { type: "object", properties: { q: { type: "string" } } } };
+}
+
+interface FakeServerOptions {
+  /** initialize 里选定的版本；默认回显客户端请求的版本。 */
+  protocolVersion?: string;
+  /** tools/list 的分页：游标就是页号的字符串；最后一页的 nextCursor 由 lastCursor 决定。 */
+  pages?: unknown[][];
+  lastCursor?: unknown;
+  /** 返回 nextCursor 的自定义规则（覆盖按页号计算的游标）。 */
+  cursorFor?: (page: number) => unknown;
+  /** 为 true 时对任何请求都不应答。 */
+  silent?: boolean;
+  /** 返回 false 的请求先不应答，留在 held 里，测试可以稍后手动应答。 */
+  gate?: (request: JsonRpcRequest) => boolean;
+  /** tools/call 的结果；抛出 McpError 则以 JSON-RPC error 应答。 */
+  onCall?: (name: string, args: unknown) => unknown;
+}
+
+/** 进程内的假 MCP 服务器：记录收到的每一条消息，只会 initialize、tools/list、tools/call 三个方法。 */
+function serveMcp(transport: InMemoryTransport, options: FakeServerOptions = {}) {
+  const received: JsonRpcMessage[] = [];
+  const held: JsonRpcRequest[] = [];
+
+  const answer = (request: JsonRpcRequest): void => {
+    const reply = (body: { result: unknown } | { error: { code: number; message: string } }) =>
+      void transport.send({ jsonrpc: "2.0", id: request.id, ...body } as JsonRpcMessage).catch(() => undefined);
+    const params = (request.params ?? {}) as Record<string, unknown>;
+    if (request.method === "initialize") {
+      reply({
+        result: {
+          protocolVersion: options.protocolVersion ?? params.protocolVersion,
+          capabilities: { tools: {} },
+          serverInfo: { name: "fake", version: "2.0.0" },
+          instructions: "fake instructions",
+        },
+      });
+    } else if (request.method === "tools/list") {
+      const pages = options.pages ?? [[tool("search")]];
+      const page = params.cursor === undefined ? 0 : Number(params.cursor);
+      const last = page >= pages.length - 1;
+      const nextCursor = options.cursorFor ? options.cursorFor(page) : last ? options.lastCursor : String(page + 1);
+      reply({ result: { tools: pages[Math.min(page, pages.length - 1)], ...(nextCursor === undefined ? {} : { nextCursor }) } });
+    } else if (request.method === "tools/call") {
+      try {
+        reply({ result: options.onCall ? options.onCall(String(params.name), params.arguments) : { content: [] } });
+      } catch (error) {
+        if (!(error instanceof McpError)) throw error;
+        reply({ error: { code: error.code, message: error.message } });
+      }
+    } else {
+      reply({ error: { code: JSON_RPC_ERROR_CODES.methodNotFound, message: `Method not found: ${request.method}` } });
+    }
+  };
+
+  transport.onMessage((message) => {
+    received.push(structuredClone(message));
+    if (!isJsonRpcRequest(message) || options.silent) return;
+    if (options.gate && !options.gate(message)) held.push(message);
+    else answer(message);
+  });
+
+  return {
+    received,
+    held,
+    answer,
+    methods: () => received.map((message) => ("method" in message ? message.method : "response")),
+    requests: (method: string) =>
+      received.filter((message): message is JsonRpcRequest => isJsonRpcRequest(message) && message.method === method),
+    notifications: (method: string) =>
+      received.filter((message) => isJsonRpcNotification(message) && message.method === method),
+  };
+}
+
+async function connectedPair(options: FakeServerOptions = {}, clientOptions: { requestTimeoutMs?: number } = {}) {
+  const { client: clientSide, server: serverSide } = createInMemoryTransportPair();
+  const server = serveMcp(serverSide, options);
+  const client = new McpClient({ ...CLIENT_INFO, ...clientOptions });
+  const errors: Error[] = [];
+  client.onError((error) => errors.push(error));
+  await client.connect(clientSide);
+  return { client, server, serverSide, clientSide, errors };
+}
+
+// ---------------------------------------------------------------------------
+// Lab 17.1 · JSON-RPC 判定与握手
+// ---------------------------------------------------------------------------
+
+test("Lab 17.1 · 三个谓词两两互斥：四种合法消息各归一类，七种坏形状一律是 -32600", () => {
+  const valid: [string, unknown][] = [
+    ["request", { jsonrpc: "2.0", id: 1, method: "tools/list" }],
+    ["request", { jsonrpc: "2.0", id: "a-1", method: "tools/call", params: { name: "x" } }],
+    ["notification", { jsonrpc: "2.0", method: "notifications/initialized" }],
+    ["response", { jsonrpc: "2.0", id: 7, result: { tools: [] } }],
+    ["response", { jsonrpc: "2.0", id: "z", error: { code: -32601, message: "nope", data: { why: 1 } } }],
+    ["response", { jsonrpc: "2.0", id: 0, result: null }],
+  ];
+  for (const [kind, message] of valid) {
+    const verdicts = [isJsonRpcRequest(message), isJsonRpcNotification(message), isJsonRpcResponse(message)];
+    const expected = [kind === "request", kind === "notification", kind === "response"];
+    assert.deepEqual(verdicts, expected, JSON.stringify(message));
+    assert.deepEqual(parseJsonRpcMessage(message), message);
+  }
+
+  const invalid: unknown[] = [
+    { jsonrpc: "1.0", id: 1, method: "x" },
+    { jsonrpc: "2.0", id: null, method: "x" },
+    { jsonrpc: "2.0", id: undefined, method: "x" },
+    { jsonrpc: "2.0", id: 1, result: {}, error: { code: 1, message: "both" } },
+    { jsonrpc: "2.0", id: 1, error: { code: "-32600", message: "code is text" } },
+    { jsonrpc: "2.0", id: 1, method: "x", params: [1, 2] },
+    [{ jsonrpc: "2.0", method: "batched" }],
+  ];
+  assert.equal(invalid.length, 7);
+  for (const message of invalid) {
+    const verdicts = [isJsonRpcRequest(message), isJsonRpcNotification(message), isJsonRpcResponse(message)];
+    assert.deepEqual(verdicts, [false, false, false], JSON.stringify(message));
+    assert.throws(
+      () => parseJsonRpcMessage(message),
+      (error: unknown) =>
+        error instanceof McpError && error.code === JSON_RPC_ERROR_CODES.invalidRequest && /Invalid JSON-RPC message/.test(error.message),
+    );
+  }
+});
+
+test("Lab 17.1 · 握手：initialize → notifications/initialized；重复 connect 被拒绝；close 只通知一次", HANG_GUARD, async () => {
+  const { client: clientSide, server: serverSide } = createInMemoryTransportPair();
+  const server = serveMcp(serverSide);
+  const client = new McpClient(CLIENT_INFO);
+  assert.equal(client.connectionState, "idle");
+  assert.equal(client.serverInfo, undefined);
+
+  const connecting = client.connect(clientSide);
+  assert.equal(client.connectionState, "connecting");
+  const result = await connecting;
+
+  assert.equal(client.connectionState, "connected");
+  assert.deepEqual(server.methods(), ["initialize", "notifications/initialized"]);
+  assert.deepEqual(server.received[0], {
+    jsonrpc: "2.0",
+    id: 1,
+    method: "initialize",
+    params: { protocolVersion: LATEST_PROTOCOL_VERSION, capabilities: {}, clientInfo: CLIENT_INFO },
+  });
+  assert.deepEqual(server.received[1], { jsonrpc: "2.0", method: "notifications/initialized" });
+  assert.deepEqual(result, {
+    protocolVersion: LATEST_PROTOCOL_VERSION,
+    capabilities: { tools: {} },
+    serverInfo: { name: "fake", version: "2.0.0" },
+    instructions: "fake instructions",
+  });
+  assert.deepEqual(client.serverInfo, { name: "fake", version: "2.0.0" });
+  assert.equal(client.protocolVersion, LATEST_PROTOCOL_VERSION);
+  assert.equal(client.instructions, "fake instructions");
+
+  await assert.rejects(client.connect(createInMemoryTransportPair().client), /connected state/);
+  assert.equal(client.connectionState, "connected");
+
+  let closes = 0;
+  client.onClose(() => {
+    closes += 1;
+  });
+  await client.close();
+  await client.close();
+  await serverSide.close();
+  assert.equal(closes, 1);
+  assert.equal(client.connectionState, "closed");
+  await assert.rejects(client.listTools(), (error: unknown) => error instanceof McpConnectionClosedError && /MCP client is closed/.test(error.message));
+});
+
+test("Lab 17.1 · 版本协商：不支持的版本关闭连接且不发 initialized；2024-11-05 可以接受", HANG_GUARD, async () => {
+  const bad = createInMemoryTransportPair();
+  const badServer = serveMcp(bad.server, { protocolVersion: "1999-01-01" });
+  const refused = new McpClient(CLIENT_INFO);
+  let serverClosed = false;
+  bad.server.onClose(() => {
+    serverClosed = true;
+  });
+  await assert.rejects(refused.connect(bad.client), /unsupported protocol version 1999-01-01/);
+  assert.equal(refused.connectionState, "closed");
+  assert.deepEqual(badServer.methods(), ["initialize"]);
+  assert.equal(serverClosed, true);
+
+  const broken = createInMemoryTransportPair();
+  broken.server.onMessage((message) => {
+    if (isJsonRpcRequest(message)) void broken.server.send({ jsonrpc: "2.0", id: message.id, result: { protocolVersion: LATEST_PROTOCOL_VERSION } });
+  });
+  const confused = new McpClient(CLIENT_INFO);
+  await assert.rejects(confused.connect(broken.client), /Invalid MCP initialize result/);
+  assert.equal(confused.connectionState, "closed");
+
+  const { client, server } = await connectedPair({ protocolVersion: "2024-11-05" });
+  assert.equal(client.connectionState, "connected");
+  assert.equal(client.protocolVersion, "2024-11-05");
+  assert.deepEqual(server.methods(), ["initialize", "notifications/initialized"]);
+  await client.close();
+});
+
+// ---------------------------------------------------------------------------
+// Lab 17.2 · tools/list 与 tools/call
+// ---------------------------------------------------------------------------
+
+test("Lab 17.2 · 三页 tools/list：第一页不带参数，之后带 cursor；\"\" 游标结束；坏条目整体拒绝", HANG_GUARD, async () => {
+  const { client, server } = await connectedPair({
+    pages: [[tool("a")], [tool("b"), tool("c")], [tool("d")]],
+    lastCursor: "",
+  });
+  const tools = await client.listTools();
+  assert.deepEqual(tools.map((item) => item.name), ["a", "b", "c", "d"]);
+  assert.deepEqual(tools[0], tool("a"));
+  assert.deepEqual(
+    server.requests("tools/list").map((request) => request.params),
+    [undefined, { cursor: "1" }, { cursor: "2" }],
+  );
+  assert.equal(Object.hasOwn(server.requests("tools/list")[0]!, "params"), false);
+  await client.close();
+
+  const nullEnd = await connectedPair({ pages: [[tool("only")]], lastCursor: null });
+  assert.deepEqual((await nullEnd.client.listTools()).map((item) => item.name), ["only"]);
+  assert.equal(nullEnd.server.requests("tools/list").length, 1);
+  await nullEnd.client.close();
+
+  const broken = await connectedPair({ pages: [[tool("fine"), { name: "no-schema" }]] });
+  await assert.rejects(broken.client.listTools(), /Invalid entry in MCP tools\/list result/);
+  const unnamed = await connectedPair({ pages: [[{ inputSchema: {} }]] });
+  await assert.rejects(unnamed.client.listTools(), /Invalid entry in MCP tools\/list result/);
+  assert.equal(broken.client.connectionState, "connected");
+  await broken.client.close();
+  await unnamed.client.close();
+});
+
+test("Lab 17.2 · 服务器重复给出同一个游标：第二次请求之后立即停止", HANG_GUARD, async () => {
+  const { client, server } = await connectedPair({ pages: [[tool("a")], [tool("b")]], cursorFor: () => "1" });
+  await assert.rejects(client.listTools(), /duplicate cursor: 1/);
+  assert.equal(server.requests("tools/list").length, 2);
+  assert.equal(client.connectionState, "connected");
+  await client.close();
+});
+
+test("Lab 17.2 · tools/call：arguments 只在给出时发送，缺 content 记为空列表，服务器错误变成带码的 McpError", HANG_GUARD, async () => {
+  const { client, server } = await connectedPair({
+    onCall(name, args) {
+      if (name === "search") return { content: [{ type: "text", text: `found ${JSON.stringify(args)}` }], structuredContent: { hits: 1 } };
+      if (name === "quiet") return {};
+      if (name === "weird") return { content: [], structuredContent: [1, 2] };
+      throw new McpError(JSON_RPC_ERROR_CODES.invalidParams, `unknown tool ${name}`);
+    },
+  });
+
+  assert.deepEqual(await client.callTool("search", { q: "mcp" }), {
+    content: [{ type: "text", text: 'found {"q":"mcp"}' }],
+    structuredContent: { hits: 1 },
+  });
+  assert.deepEqual(await client.callTool("quiet"), { content: [] });
+  const calls = server.requests("tools/call");
+  assert.deepEqual(calls[0]!.params, { name: "search", arguments: { q: "mcp" } });
+  assert.deepEqual(calls[1]!.params, { name: "quiet" });
+
+  await assert.rejects(client.callTool("weird", {}), /tools\/call/);
+  await assert.rejects(client.callTool("missing", {}), (error: unknown) => {
+    assert.ok(error instanceof McpError);
+    assert.equal(error.code, -32602);
+    assert.equal(error.message, "unknown tool missing");
+    return true;
+  });
+  assert.equal(client.connectionState, "connected");
+  await client.close();
+});
+
+// ---------------------------------------------------------------------------
+// Lab 17.3 · 超时、取消与关闭
+// ---------------------------------------------------------------------------
+
+test("Lab 17.3 · 超时：拒绝调用者并发一次 cancelled，连接保留，迟到的应答只报告；initialize 超时则静默关闭", HANG_GUARD, async () => {
+  const { client, server, errors } = await connectedPair({
+    gate: (request) => (request.params as { name?: string } | undefined)?.name !== "slow",
+  });
+  await assert.rejects(client.callTool("slow", {}, { timeoutMs: 20 }), (error: unknown) => {
+    assert.ok(error instanceof McpTimeoutError);
+    assert.equal(error.timeoutMs, 20);
+    return true;
+  });
+  const slow = server.held[0]!;
+  await settle();
+  assert.deepEqual(
+    server.notifications("notifications/cancelled").map((message) => (message as { params?: unknown }).params),
+    [{ requestId: slow.id, reason: "Request timed out" }],
+  );
+  assert.equal(client.connectionState, "connected");
+  assert.deepEqual(await client.callTool("fast", {}), { content: [] });
+
+  server.answer(slow);
+  await settle();
+  assert.deepEqual(errors.map((error) => error.message), [`Received response for unknown MCP request ${slow.id}`]);
+  assert.equal(client.connectionState, "connected");
+  await client.close();
+
+  const silent = createInMemoryTransportPair();
+  const silentServer = serveMcp(silent.server, { silent: true });
+  const waiting = new McpClient({ ...CLIENT_INFO, requestTimeoutMs: 20 });
+  await assert.rejects(waiting.connect(silent.client), McpTimeoutError);
+  await settle();
+  assert.equal(waiting.connectionState, "closed");
+  assert.deepEqual(silentServer.methods(), ["initialize"]);
+});
+
+test("Lab 17.3 · 取消：已中止的 signal 不发送，发送后中止带上原因；传输关闭时所有待答请求一起被拒绝", HANG_GUARD, async () => {
+  const { client, server, serverSide } = await connectedPair({ gate: (request) => request.method !== "tools/call" });
+
+  const before = server.received.length;
+  const aborted = new AbortController();
+  aborted.abort("too late");
+  await assert.rejects(client.callTool("x", {}, { signal: aborted.signal }), McpAbortError);
+  await settle();
+  assert.equal(server.received.length, before);
+
+  const controller = new AbortController();
+  const call = client.callTool("x", {}, { signal: controller.signal });
+  await settle();
+  const sent = server.held[0]!;
+  controller.abort("user cancelled");
+  await assert.rejects(call, (error: unknown) => {
+    assert.ok(error instanceof McpAbortError);
+    assert.equal(error.name, "AbortError");
+    assert.equal(error.message, "user cancelled");
+    return true;
+  });
+  await settle();
+  assert.deepEqual(
+    server.notifications("notifications/cancelled").map((message) => (message as { params?: unknown }).params),
+    [{ requestId: sent.id, reason: "user cancelled" }],
+  );
+
+  let closes = 0;
+  client.onClose(() => {
+    closes += 1;
+  });
+  const first = client.callTool("a", {});
+  const second = client.listTools().then(() => client.callTool("b", {}));
+  await settle();
+  await serverSide.close();
+  await assert.rejects(first, McpConnectionClosedError);
+  await assert.rejects(second, McpConnectionClosedError);
+  assert.equal(client.connectionState, "closed");
+  assert.equal(closes, 1);
+  await assert.rejects(client.callTool("c", {}), /MCP client is closed/);
+});
+
+// ---------------------------------------------------------------------------
+// Lab 17.4 · stdio 子进程与分帧
+// ---------------------------------------------------------------------------
+
+/** 测试写到临时目录里的 stdio 服务器：一行一条 JSON-RPC，只用 Node 内置模块。 */
+const STDIO_SERVER = String.raw`
+const readline = require("node:readline");
+const write = (message) => process.stdout.write(JSON.stringify(message) + "\n");
+const lines = readline.createInterface({ input: process.stdin });
+lines.on("line", (line) => {
+  if (line.trim() === "") return;
+  const message = JSON.parse(line);
+  if (message.id === undefined) return;
+  const reply = (result) => write({ jsonrpc: "2.0", id: message.id, result });
+  const params = message.params || {};
+  if (message.method === "initialize") {
+    reply({
+      protocolVersion: params.protocolVersion,
+      capabilities: { tools: {} },
+      serverInfo: { name: "stdio-fixture", version: "1" },
+      instructions: process.env.FIXTURE_NOTE,
+    });
+  } else if (message.method === "tools/list") {
+    reply({ tools: [{ name: "echo", description: "Echo arguments", inputSchema: { type: "object" } }] });
+  } else if (message.method === "tools/call" && params.name === "echo") {
+    reply({ content: [{ type: "text", text: "echo:" + JSON.stringify(params.arguments) }] });
+  } else if (message.method === "tools/call" && params.name === "burst") {
+    const note = (n) => JSON.stringify({ jsonrpc: "2.0", method: "notifications/message", params: { n } });
+    const done = JSON.stringify({ jsonrpc: "2.0", id: message.id, result: { content: [{ type: "text", text: "burst done" }] } });
+    process.stdout.write([note(1), "this is not json", note(2), done].join("\n") + "\n");
+  } else if (message.method === "tools/call" && params.name === "crash") {
+    process.stdout.write('{"jsonrpc":"2.0","id":' + message.id + ',"res', () => process.exit(3));
+  } else {
+    write({ jsonrpc: "2.0", id: message.id, error: { code: -32601, message: "Method not found: " + message.method } });
+  }
+});
+lines.on("close", () => setTimeout(() => process.exit(0), 20));
+`;
+
+async function withStdioServer(body: (file: string) => Promise<void>): Promise<void> {
+  const dir = await mkdtemp(path.join(os.tmpdir(), "pi-course-mcp-"));
+  try {
+    const file = path.join(dir, "server.cjs");
+    await writeFile(file, STDIO_SERVER);
+    await body(file);
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+}
+
+function processAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+test("Lab 17.4 · 真实子进程：握手、列出、调用；env 叠加在 process.env 上；close 之后进程已经不在", CHILD_GUARD, async () => {
+  await withStdioServer(async (file) => {
+    const transport = new StdioTransport({ command: process.execPath, args: [file], env: { FIXTURE_NOTE: "from env" } });
+    assert.equal(transport.pid, undefined);
+    assert.deepEqual(transport.options.args, [file]);
+    const client = new McpClient(CLIENT_INFO);
+    const result = await client.connect(transport);
+    assert.deepEqual(result.serverInfo, { name: "stdio-fixture", version: "1" });
+    assert.equal(result.protocolVersion, LATEST_PROTOCOL_VERSION);
+    assert.equal(result.instructions, "from env");
+
+    assert.deepEqual(await client.listTools(), [{ name: "echo", description: "Echo arguments", inputSchema: { type: "object" } }]);
+    assert.deepEqual(await client.callTool("echo", { text: "你好" }), { content: [{ type: "text", text: 'echo:{"text":"你好"}' }] });
+    await assert.rejects(client.callTool("nothing", {}), (error: unknown) => error instanceof McpError && error.code === -32601);
+
+    const pid = transport.pid;
+    assert.equal(typeof pid, "number");
+    assert.equal(processAlive(pid!), true);
+    let closes = 0;
+    transport.onClose(() => {
+      closes += 1;
+    });
+    await client.close();
+    await transport.close();
+    assert.equal(processAlive(pid!), false);
+    assert.equal(closes, 1);
+    await assert.rejects(transport.send({ jsonrpc: "2.0", method: "late" }), McpConnectionClosedError);
+  });
+});
+
+test("Lab 17.4 · 分帧：半行留到下一块，空行跳过，坏行只报错；burst 按顺序送达且只有一个错误；残缺的最后一行在退出时报告", CHILD_GUARD, async () => {
+  const first = splitJsonRpcLines("", '{"jsonrpc":"2.0","method":"a"}\n\n{"jsonrpc":"2.0",');
+  assert.deepEqual(first.messages, [{ jsonrpc: "2.0", method: "a" }]);
+  assert.deepEqual(first.errors, []);
+  assert.equal(first.rest, '{"jsonrpc":"2.0",');
+
+  const second = splitJsonRpcLines(first.rest, '"id":1,"result":{}}\r\n   \nnot json\n{"jsonrpc":"2.0","id":2}\n{"jsonrpc":"2.0","method":"b"}');
+  assert.deepEqual(second.messages, [{ jsonrpc: "2.0", id: 1, result: {} }]);
+  assert.equal(second.errors.length, 2);
+  assert.ok(second.errors.every((error) => error instanceof Error));
+  assert.equal(second.rest, '{"jsonrpc":"2.0","method":"b"}');
+
+  await withStdioServer(async (file) => {
+    const transport = new StdioTransport({ command: process.execPath, args: [file] });
+    const client = new McpClient(CLIENT_INFO);
+    const events: string[] = [];
+    client.onNotification("notifications/message", (params) => events.push(`note ${JSON.stringify(params)}`));
+    client.onError((error) => events.push(`error ${error.message}`));
+    await client.connect(transport);
+
+    const result = await client.callTool("burst", {});
+    events.push(`result ${JSON.stringify(result.content)}`);
+    assert.equal(events.length, 4);
+    assert.deepEqual(events.filter((event) => !event.startsWith("error")), [
+      'note {"n":1}',
+      'note {"n":2}',
+      'result [{"type":"text","text":"burst done"}]',
+    ]);
+    assert.equal(events.filter((event) => event.startsWith("error")).length, 1);
+    assert.equal(client.connectionState, "connected");
+
+    events.length = 0;
+    await assert.rejects(client.callTool("crash", {}), McpConnectionClosedError);
+    assert.deepEqual(events, ["error MCP stdio server closed with an incomplete JSON-RPC message"]);
+    assert.equal(client.connectionState, "closed");
+    await client.close();
+  });
+});
+
+//@@17.5-tests@@
