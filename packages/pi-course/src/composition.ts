@@ -48,12 +48,22 @@ export interface RuntimeConfig {
   context: ContextBudget;
 }
 
+/**
+ * 第 17 章：在每次 prompt 之前交出若干 system 段落的对象（例如 MCP 运行时的 mcp_servers）。
+ * 段落并入期望的 system 状态，是否需要补丁仍由 systemPatch() 决定：没变就不写。
+ */
+export interface SystemSectionProvider {
+  sections(): Promise<Record<string, string>> | Record<string, string>;
+}
+
 export interface RuntimeDeps {
   model: Model;
   tools: ToolRegistry;
   session: SessionStore;
   resources: ResourceCatalog;
   extensionHost?: ExtensionHost;
+  /** 第 17 章：按顺序询问，后面的同名段落覆盖前面的。 */
+  sectionProviders?: readonly SystemSectionProvider[];
   createId(): string;
   now(): number;
 }
@@ -242,6 +252,7 @@ class RuntimeImpl implements Runtime {
 
   private readonly agent: Agent;
   private readonly desiredSystem: SystemState;
+  private readonly sectionProviders: readonly SystemSectionProvider[];
   private readonly createId: () => string;
   private readonly now: () => number;
 
@@ -286,6 +297,7 @@ class RuntimeImpl implements Runtime {
       ...(config.maxSteps === undefined ? {} : { maxSteps: config.maxSteps }),
     });
     this.desiredSystem = desiredSystemState(config.systemPrompt, deps.resources);
+    this.sectionProviders = [...(deps.sectionProviders ?? [])];
 
     const agent = this.agent;
     this.control = {
@@ -330,11 +342,22 @@ class RuntimeImpl implements Runtime {
   /** 轮到这一项时才读取 before、计算补丁：排在后面的 prompt 必须看到前一轮已经写下的补丁。 */
   private async runAndPersist(value: string): Promise<AgentRunResult> {
     if (this.poisoned) throw this.poisonCause;
+    const desired = await this.currentDesiredSystem();
     const before = this.agent.getState().messages;
-    const system = systemPatch(before, this.desiredSystem);
+    const system = systemPatch(before, desired);
     const result = await this.agent.prompt(value, system ? { system } : {});
     await this.persist(result.messages.slice(before.length));
     return copy(result);
+  }
+
+  /** 第 17 章：固定的期望状态再并上各 provider 此刻交出的段落；provider 抛错时这次 prompt 失败，什么也不写。 */
+  private async currentDesiredSystem(): Promise<SystemState> {
+    if (this.sectionProviders.length === 0) return this.desiredSystem;
+    const sections = { ...this.desiredSystem.sections };
+    for (const provider of this.sectionProviders) {
+      for (const [name, value] of Object.entries(await provider.sections())) sections[name] = value;
+    }
+    return { content: this.desiredSystem.content, sections };
   }
 
   private async persist(suffix: readonly AgentMessage[]): Promise<void> {

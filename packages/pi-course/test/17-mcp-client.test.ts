@@ -23,7 +23,27 @@ import {
   type JsonRpcRequest,
   type McpToolInfo,
 } from "../src/mcp.js";
-//@@17.5-imports@@
+import { createRuntime } from "../src/composition.js";
+import {
+  MCP_SERVERS_SECTION,
+  createMcpRuntime,
+  createMcpToolName,
+  renderMcpServersSection,
+  toModelContent,
+} from "../src/mcp-runtime.js";
+import { ScriptedModel } from "../src/scripted-model.js";
+import { InMemorySessionStore } from "../src/session.js";
+import { ToolRegistry, executeToolCall } from "../src/tool.js";
+import { createToolSearchTool } from "../src/tool-search.js";
+import {
+  assistantMessage,
+  currentSystemMessage,
+  currentSystemPrompt,
+  text,
+  type AgentMessage,
+  type SystemMessage,
+  type ToolCall,
+} from "../src/types.js";
 
 // ---------------------------------------------------------------------------
 // 夹具
@@ -519,4 +539,215 @@ test("Lab 17.4 · 分帧：半行留到下一块，空行跳过，坏行只报�
   });
 });
 
-//@@17.5-tests@@
+// ---------------------------------------------------------------------------
+// Lab 17.5 · 接进 registry 与 Runtime
+// ---------------------------------------------------------------------------
+
+/** 反复让出事件循环，直到条件成立；次数有上限，所以不会挂死，也不量时间。 */
+async function until(condition: () => boolean, what: string): Promise<void> {
+  for (let round = 0; round < 500; round += 1) {
+    if (condition()) return;
+    await sleep(2);
+  }
+  assert.fail(`等不到：${what}`);
+}
+
+/** 一台进程内的 MCP 服务器配置：每次 createTransport() 都接上一台新的假服务器。 */
+function fakeServer(name: string, options: FakeServerOptions & { exposure?: "direct" | "deferred" } = {}) {
+  const servers: ReturnType<typeof serveMcp>[] = [];
+  const sides: InMemoryTransport[] = [];
+  return {
+    servers,
+    sides,
+    config: {
+      name,
+      ...(options.exposure === undefined ? {} : { exposure: options.exposure }),
+      createTransport() {
+        const pair = createInMemoryTransportPair();
+        servers.push(serveMcp(pair.server, options));
+        sides.push(pair.server);
+        return pair.client;
+      },
+    },
+  };
+}
+
+function modelCall(id: string, name: string, args: unknown): ToolCall {
+  return { type: "toolCall", id, name, arguments: args };
+}
+
+test("Lab 17.5 · 命名：mcp__服务器__工具，非法字符换成下划线，过长或被占用时接上稳定的 8 位哈希", () => {
+  assert.equal(createMcpToolName("docs", "search"), "mcp__docs__search");
+  assert.equal(createMcpToolName("my-server", "list.issues"), "mcp__my_server__list_issues");
+  assert.equal(createMcpToolName("my server", "list issues"), "mcp__my_server__list_issues");
+
+  const long = createMcpToolName("server", "x".repeat(80));
+  assert.match(long, /^mcp__server__x+_[0-9a-f]{8}$/);
+  assert.equal(long.length, 64);
+  assert.equal(createMcpToolName("server", "x".repeat(80)), long);
+  assert.notEqual(createMcpToolName("server", "x".repeat(81)), long);
+  assert.equal(createMcpToolName("server", "x".repeat(51)), `mcp__server__${"x".repeat(51)}`);
+
+  const taken = new Set(["mcp__a__b_c"]);
+  const renamed = createMcpToolName("a", "b.c", (name) => taken.has(name));
+  assert.match(renamed, /^mcp__a__b_c_[0-9a-f]{8}$/);
+  const other = createMcpToolName("a", "b-c", (name) => taken.has(name));
+  assert.match(other, /^mcp__a__b_c_[0-9a-f]{8}$/);
+  assert.notEqual(renamed, other);
+  assert.equal(createMcpToolName("a", "b.c", (name) => taken.has(name)), renamed);
+});
+
+test("Lab 17.5 · deferred 注册：模型直接调用被拒且服务器收不到，脚本调用可用，tool_search 激活后模型可用；isError 的内容原样保留", HANG_GUARD, async () => {
+  const registry = new ToolRegistry();
+  registry.register(createToolSearchTool(registry));
+  const docs = fakeServer("docs", {
+    pages: [[tool("search", "Search the project docs"), tool("fail", "Always fails")], [tool("picture", "Draw a picture")]],
+    onCall(name, args) {
+      if (name === "search") return { content: [{ type: "text", text: `found ${JSON.stringify(args)}` }] };
+      if (name === "fail") return { content: [{ type: "text", text: "docs index is offline" }], isError: true };
+      return { content: [{ type: "text", text: "here:" }, { type: "image", data: "...", mimeType: "image/png" }] };
+    },
+  });
+  const broken = fakeServer("broken", { protocolVersion: "1999-01-01" });
+  const mcp = createMcpRuntime(registry, { servers: [docs.config, broken.config] });
+  assert.deepEqual(mcp.status(), [
+    { name: "docs", state: "connecting", tools: [] },
+    { name: "broken", state: "connecting", tools: [] },
+  ]);
+  await until(() => mcp.status().every((status) => status.state !== "connecting"), "两台服务器都有结果");
+  const names = ["mcp__docs__search", "mcp__docs__fail", "mcp__docs__picture"];
+  assert.deepEqual(mcp.status(), [
+    { name: "docs", state: "connected", tools: names },
+    { name: "broken", state: "failed", error: "MCP server selected unsupported protocol version 1999-01-01", tools: [] },
+  ]);
+  assert.deepEqual(names.map((name) => registry.exposureOf(name)), ["deferred", "deferred", "deferred"]);
+  assert.deepEqual(registry.declared().map((item) => item.name), ["tool_search"]);
+  assert.deepEqual(registry.callable().map((item) => item.name), names);
+
+  const refused = await executeToolCall(modelCall("c1", "mcp__docs__search", { q: "mcp" }), registry);
+  assert.equal(refused.isError, true);
+  assert.match(refused.content[0]!.text, /工具未声明给模型/);
+  assert.equal(docs.servers[0]!.requests("tools/call").length, 0);
+
+  const scripted = await executeToolCall(modelCall("c2", "mcp__docs__search", { q: "mcp" }), registry, {}, "script");
+  assert.equal(scripted.isError, false);
+  assert.deepEqual(scripted.content, [text('found {"q":"mcp"}')]);
+  assert.deepEqual(scripted.details, { server: "docs", tool: "search" });
+  assert.deepEqual(docs.servers[0]!.requests("tools/call").map((request) => request.params), [{ name: "search", arguments: { q: "mcp" } }]);
+
+  const search = await executeToolCall(modelCall("c3", "tool_search", { query: "search the project" }), registry);
+  assert.equal(search.isError, false);
+  assert.deepEqual((search.details as { loaded: string[] }).loaded, ["mcp__docs__search"]);
+  assert.deepEqual(registry.declared().map((item) => item.name), ["tool_search", "mcp__docs__search"]);
+  const declared = registry.definitions().find((definition) => definition.name === "mcp__docs__search")!;
+  assert.deepEqual(declared.parameters, { type: "object", properties: { q: { type: "string" } } });
+  const direct = await executeToolCall(modelCall("c4", "mcp__docs__search", { q: "again" }), registry);
+  assert.deepEqual(direct.content, [text('found {"q":"again"}')]);
+
+  const failed = await executeToolCall(modelCall("c5", "mcp__docs__fail", {}), registry, {}, "script");
+  assert.equal(failed.isError, true);
+  assert.deepEqual(failed.content, [text("docs index is offline")]);
+  const picture = await executeToolCall(modelCall("c6", "mcp__docs__picture", undefined), registry, {}, "script");
+  assert.deepEqual(picture.content, [text("here:"), text('{"type":"image","data":"...","mimeType":"image/png"}')]);
+  assert.deepEqual(toModelContent({ content: [{ type: "image", data: "..." }] }), [text('{"type":"image","data":"..."}')]);
+  const notObject = await executeToolCall(modelCall("c7", "mcp__docs__search", "q=mcp"), registry, {}, "script");
+  assert.equal(notObject.isError, true);
+  assert.equal(docs.servers[0]!.requests("tools/call").length, 4);
+
+  await docs.sides[0]!.close();
+  assert.deepEqual(mcp.status()[0], { name: "docs", state: "failed", error: "connection closed", tools: names });
+  const afterClose = await executeToolCall(modelCall("c8", "mcp__docs__search", { q: "mcp" }), registry, {}, "script");
+  assert.equal(afterClose.isError, true);
+
+  await mcp.close();
+  assert.deepEqual(mcp.status().map((status) => [status.state, Object.hasOwn(status, "error")]), [["closed", false], ["closed", false]]);
+});
+
+const BASE = "BASE SYSTEM";
+const EMPTY_CATALOG = { resources: [], instructions: [], skills: [], templates: [] };
+
+function systemMessages(messages: readonly AgentMessage[]): SystemMessage[] {
+  return messages.filter((message): message is SystemMessage => message.role === "system");
+}
+
+test("Lab 17.5 · Runtime：mcp_servers 段落只在变化时打补丁；只等 direct 服务器且有上限；新连上的 direct 服务器带来段落补丁与声明补丁", HANG_GUARD, async () => {
+  let releaseSlow!: () => void;
+  const slowGate = new Promise<void>((resolve) => {
+    releaseSlow = resolve;
+  });
+  const held: (() => void)[] = [];
+  const docs = fakeServer("docs", { pages: [[tool("search", "Search the project docs")]] });
+  const slow = fakeServer("slow", {
+    exposure: "direct",
+    pages: [[tool("run", "Run a slow job")]],
+    gate: (request) => {
+      if (request.method !== "initialize") return true;
+      held.push(() => slow.servers[0]!.answer(request));
+      return false;
+    },
+  });
+  void slowGate.then(() => held.forEach((answer) => answer()));
+
+  const registry = new ToolRegistry();
+  const mcp = createMcpRuntime(registry, { servers: [docs.config, slow.config], startupTimeoutMs: 50 });
+  await until(() => mcp.status()[0]!.state === "connected", "docs 连上");
+  // 有上限：slow 一直不应答，等待也会在 startupTimeoutMs 之后结束，而不是挂住。
+  await mcp.waitForDirectServers();
+  assert.deepEqual(mcp.status()[1], { name: "slow", state: "connecting", tools: [] });
+
+  const model = new ScriptedModel([
+    assistantMessage([text("one")]),
+    assistantMessage([text("two")]),
+    assistantMessage([text("three")]),
+  ]);
+  const session = new InMemorySessionStore();
+  let id = 0;
+  const runtime = await createRuntime(
+    { activeLeafId: null, systemPrompt: BASE, context: { total: 100_000, reservedOutput: 0, safetyMargin: 0, estimateTokens: () => 1 } },
+    { model, tools: registry, session, resources: EMPTY_CATALOG, sectionProviders: [mcp], createId: () => `entry-${++id}`, now: () => 1_000 + id },
+  );
+
+  const first = await runtime.prompt("first");
+  const firstPatch = systemMessages(first.messages);
+  assert.equal(firstPatch.length, 1);
+  assert.equal(firstPatch[0]!.content, BASE);
+  assert.deepEqual(firstPatch[0]!.sections, {
+    [MCP_SERVERS_SECTION]: "MCP servers:\n- docs: connected, 1 tool (mcp__docs__search)\n- slow: connecting, 0 tools",
+  });
+  assert.equal(model.requests[0]!.tools?.length ?? 0, 0);
+
+  const second = await runtime.prompt("second");
+  assert.equal(systemMessages(second.messages).length, 1);
+
+  releaseSlow();
+  await until(() => mcp.status()[1]!.state === "connected", "slow 连上");
+  const third = await runtime.prompt("third");
+  const suffix = third.messages.slice(second.messages.length);
+  assert.deepEqual(suffix.map((message) => message.role), ["system", "user", "system", "assistant"]);
+  const sectionPatch = suffix[0] as SystemMessage;
+  assert.deepEqual(sectionPatch.content, "");
+  assert.deepEqual(sectionPatch.sections, {
+    [MCP_SERVERS_SECTION]: renderMcpServersSection(mcp.status()),
+  });
+  assert.match(sectionPatch.sections![MCP_SERVERS_SECTION]!, /- slow: connected, 1 tool \(mcp__slow__run\)/);
+  const declaration = suffix[2] as SystemMessage;
+  assert.deepEqual(declaration.toolsAdded?.map((definition) => definition.name), ["mcp__slow__run"]);
+  assert.equal(declaration.toolsRemoved, undefined);
+  assert.deepEqual(model.requests[2]!.tools?.map((definition) => definition.name), ["mcp__slow__run"]);
+  const prompt = currentSystemPrompt(model.requests[2]!.messages)!;
+  assert.ok(prompt.startsWith(BASE), prompt);
+  assert.equal(currentSystemMessage(third.messages)!.content, BASE);
+  assert.equal((await session.entries()).length, third.messages.length);
+
+  // 只等 direct：docs 永远不应答、等待上限很大，waitForDirectServers 也在 direct 服务器连上时就结束。
+  const stuck = fakeServer("stuck", { silent: true });
+  const quick = fakeServer("quick", { exposure: "direct" });
+  const other = createMcpRuntime(new ToolRegistry(), { servers: [stuck.config, quick.config], startupTimeoutMs: 60_000 });
+  await other.waitForDirectServers();
+  assert.deepEqual(other.status().map((status) => status.state), ["connecting", "connected"]);
+  const none = createMcpRuntime(new ToolRegistry(), { servers: [stuck.config] });
+  await none.waitForDirectServers();
+
+  await runtime.dispose();
+  await Promise.all([mcp.close(), other.close(), none.close()]);
+});
