@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
-import test from "node:test";
+import test, { afterEach } from "node:test";
 import {
   JSON_RPC_ERROR_CODES,
   LATEST_PROTOCOL_VERSION,
@@ -52,6 +52,19 @@ import {
 const HANG_GUARD = { timeout: 5_000 };
 const CHILD_GUARD = { timeout: 10_000 };
 const CLIENT_INFO = { name: "course-test", version: "1.0.0" };
+
+/** 每项测试里造出的客户端；测试结束（无论成败）都关掉，免得没走完的请求带着 30 秒的计时器拖住测试进程。 */
+const clients: McpClient[] = [];
+
+function newClient(options: { requestTimeoutMs?: number } = {}): McpClient {
+  const client = new McpClient({ ...CLIENT_INFO, ...options });
+  clients.push(client);
+  return client;
+}
+
+afterEach(async () => {
+  await Promise.all(clients.splice(0).map((client) => client.close().catch(() => undefined)));
+});
 
 /** 让当前排队的 microtask 与 I/O 回调都跑完（不是计时断言，只是“先让别人走完”）。 */
 function settle(): Promise<void> {
@@ -140,7 +153,7 @@ function serveMcp(transport: InMemoryTransport, options: FakeServerOptions = {})
 async function connectedPair(options: FakeServerOptions = {}, clientOptions: { requestTimeoutMs?: number } = {}) {
   const { client: clientSide, server: serverSide } = createInMemoryTransportPair();
   const server = serveMcp(serverSide, options);
-  const client = new McpClient({ ...CLIENT_INFO, ...clientOptions });
+  const client = newClient(clientOptions);
   const errors: Error[] = [];
   client.onError((error) => errors.push(error));
   await client.connect(clientSide);
@@ -191,14 +204,15 @@ test("Lab 17.1 · 三个谓词两两互斥：四种合法消息各归一类，�
 test("Lab 17.1 · 握手：initialize → notifications/initialized；重复 connect 被拒绝；close 只通知一次", HANG_GUARD, async () => {
   const { client: clientSide, server: serverSide } = createInMemoryTransportPair();
   const server = serveMcp(serverSide);
-  const client = new McpClient(CLIENT_INFO);
+  const client = newClient();
   assert.equal(client.connectionState, "idle");
   assert.equal(client.serverInfo, undefined);
 
   const connecting = client.connect(clientSide);
-  assert.equal(client.connectionState, "connecting");
+  const stateWhileConnecting = client.connectionState;
   const result = await connecting;
 
+  assert.equal(stateWhileConnecting, "connecting");
   assert.equal(client.connectionState, "connected");
   assert.deepEqual(server.methods(), ["initialize", "notifications/initialized"]);
   assert.deepEqual(server.received[0], {
@@ -230,13 +244,13 @@ test("Lab 17.1 · 握手：initialize → notifications/initialized；重复 con
   await serverSide.close();
   assert.equal(closes, 1);
   assert.equal(client.connectionState, "closed");
-  await assert.rejects(client.listTools(), (error: unknown) => error instanceof McpConnectionClosedError && /MCP client is closed/.test(error.message));
+  await assert.rejects(client.request("tools/list"), (error: unknown) => error instanceof McpConnectionClosedError && /MCP client is closed/.test(error.message));
 });
 
 test("Lab 17.1 · 版本协商：不支持的版本关闭连接且不发 initialized；2024-11-05 可以接受", HANG_GUARD, async () => {
   const bad = createInMemoryTransportPair();
   const badServer = serveMcp(bad.server, { protocolVersion: "1999-01-01" });
-  const refused = new McpClient(CLIENT_INFO);
+  const refused = newClient();
   let serverClosed = false;
   bad.server.onClose(() => {
     serverClosed = true;
@@ -250,7 +264,7 @@ test("Lab 17.1 · 版本协商：不支持的版本关闭连接且不发 initial
   broken.server.onMessage((message) => {
     if (isJsonRpcRequest(message)) void broken.server.send({ jsonrpc: "2.0", id: message.id, result: { protocolVersion: LATEST_PROTOCOL_VERSION } });
   });
-  const confused = new McpClient(CLIENT_INFO);
+  const confused = newClient();
   await assert.rejects(confused.connect(broken.client), /Invalid MCP initialize result/);
   assert.equal(confused.connectionState, "closed");
 
@@ -322,12 +336,10 @@ test("Lab 17.2 · tools/call：arguments 只在给出时发送，缺 content 记
   assert.deepEqual(calls[1]!.params, { name: "quiet" });
 
   await assert.rejects(client.callTool("weird", {}), /tools\/call/);
-  await assert.rejects(client.callTool("missing", {}), (error: unknown) => {
-    assert.ok(error instanceof McpError);
-    assert.equal(error.code, -32602);
-    assert.equal(error.message, "unknown tool missing");
-    return true;
-  });
+  await assert.rejects(
+    client.callTool("missing", {}),
+    (error: unknown) => error instanceof McpError && error.code === -32602 && error.message === "unknown tool missing",
+  );
   assert.equal(client.connectionState, "connected");
   await client.close();
 });
@@ -340,11 +352,10 @@ test("Lab 17.3 · 超时：拒绝调用者并发一次 cancelled，连接保留�
   const { client, server, errors } = await connectedPair({
     gate: (request) => (request.params as { name?: string } | undefined)?.name !== "slow",
   });
-  await assert.rejects(client.callTool("slow", {}, { timeoutMs: 20 }), (error: unknown) => {
-    assert.ok(error instanceof McpTimeoutError);
-    assert.equal(error.timeoutMs, 20);
-    return true;
-  });
+  await assert.rejects(
+    client.callTool("slow", {}, { timeoutMs: 20 }),
+    (error: unknown) => error instanceof McpTimeoutError && error.timeoutMs === 20,
+  );
   const slow = server.held[0]!;
   await settle();
   assert.deepEqual(
@@ -362,7 +373,7 @@ test("Lab 17.3 · 超时：拒绝调用者并发一次 cancelled，连接保留�
 
   const silent = createInMemoryTransportPair();
   const silentServer = serveMcp(silent.server, { silent: true });
-  const waiting = new McpClient({ ...CLIENT_INFO, requestTimeoutMs: 20 });
+  const waiting = newClient({ requestTimeoutMs: 20 });
   await assert.rejects(waiting.connect(silent.client), McpTimeoutError);
   await settle();
   assert.equal(waiting.connectionState, "closed");
@@ -384,12 +395,10 @@ test("Lab 17.3 · 取消：已中止的 signal 不发送，发送后中止带上
   await settle();
   const sent = server.held[0]!;
   controller.abort("user cancelled");
-  await assert.rejects(call, (error: unknown) => {
-    assert.ok(error instanceof McpAbortError);
-    assert.equal(error.name, "AbortError");
-    assert.equal(error.message, "user cancelled");
-    return true;
-  });
+  await assert.rejects(
+    call,
+    (error: unknown) => error instanceof McpAbortError && error.name === "AbortError" && error.message === "user cancelled",
+  );
   await settle();
   assert.deepEqual(
     server.notifications("notifications/cancelled").map((message) => (message as { params?: unknown }).params),
@@ -450,13 +459,25 @@ lines.on("line", (line) => {
 lines.on("close", () => setTimeout(() => process.exit(0), 20));
 `;
 
-async function withStdioServer(body: (file: string) => Promise<void>): Promise<void> {
+/**
+ * 在临时目录里写出服务器脚本，交给 body 一个启动传输的函数。无论 body 成败，最后都强行结束还活着的子进程：
+ * 一个没做完的 close() 不能让测试进程因为子进程的管道而停不下来。
+ */
+async function withStdioServer(body: (start: (env?: Record<string, string>) => StdioTransport) => Promise<void>): Promise<void> {
   const dir = await mkdtemp(path.join(os.tmpdir(), "pi-course-mcp-"));
+  const started: StdioTransport[] = [];
   try {
     const file = path.join(dir, "server.cjs");
     await writeFile(file, STDIO_SERVER);
-    await body(file);
+    await body((env) => {
+      const transport = new StdioTransport({ command: process.execPath, args: [file], ...(env === undefined ? {} : { env }) });
+      started.push(transport);
+      return transport;
+    });
   } finally {
+    for (const transport of started) {
+      if (transport.pid !== undefined && processAlive(transport.pid)) process.kill(transport.pid, "SIGKILL");
+    }
     await rm(dir, { recursive: true, force: true });
   }
 }
@@ -471,11 +492,12 @@ function processAlive(pid: number): boolean {
 }
 
 test("Lab 17.4 · 真实子进程：握手、列出、调用；env 叠加在 process.env 上；close 之后进程已经不在", CHILD_GUARD, async () => {
-  await withStdioServer(async (file) => {
-    const transport = new StdioTransport({ command: process.execPath, args: [file], env: { FIXTURE_NOTE: "from env" } });
+  await withStdioServer(async (start) => {
+    const transport = start({ FIXTURE_NOTE: "from env" });
     assert.equal(transport.pid, undefined);
-    assert.deepEqual(transport.options.args, [file]);
-    const client = new McpClient(CLIENT_INFO);
+    assert.equal(transport.options.command, process.execPath);
+    assert.deepEqual(transport.options.env, { FIXTURE_NOTE: "from env" });
+    const client = newClient();
     const result = await client.connect(transport);
     assert.deepEqual(result.serverInfo, { name: "stdio-fixture", version: "1" });
     assert.equal(result.protocolVersion, LATEST_PROTOCOL_VERSION);
@@ -512,9 +534,9 @@ test("Lab 17.4 · 分帧：半行留到下一块，空行跳过，坏行只报�
   assert.ok(second.errors.every((error) => error instanceof Error));
   assert.equal(second.rest, '{"jsonrpc":"2.0","method":"b"}');
 
-  await withStdioServer(async (file) => {
-    const transport = new StdioTransport({ command: process.execPath, args: [file] });
-    const client = new McpClient(CLIENT_INFO);
+  await withStdioServer(async (start) => {
+    const transport = start();
+    const client = newClient();
     const events: string[] = [];
     client.onNotification("notifications/message", (params) => events.push(`note ${JSON.stringify(params)}`));
     client.onError((error) => events.push(`error ${error.message}`));
