@@ -4,6 +4,7 @@
  * - 不带参数：打印序章那条离线轨迹（用户提问 → 模型要求调用工具 → 工具结果 → 最终回答）。
  * - `runtime`：第 13 章的运行时演示 `./runtime-demo.js`。
  * - `codemode`：第 16 章的 codemode 演示 `./codemode-demo.js`。
+ * - `mcp`：第 17 章的 MCP 演示 `./mcp-demo.js`（我们的客户端对官方 SDK 写的 stdio 服务器）。
  * - 演示模块还不存在（所在章节尚未到来）时给出提示；其他参数打印用法。
  *
  * 输出里不含时间戳和本机路径，每次运行结果都一样。
@@ -14,6 +15,7 @@ import { formatPrologueTrace, runPrologueDemo } from "./prologue.js";
 const DEMOS: Record<string, { module: string; chapter: string; summary: string }> = {
   runtime: { module: "./runtime-demo.js", chapter: "13", summary: "运行第 13 章的运行时演示" },
   codemode: { module: "./codemode-demo.js", chapter: "16", summary: "运行第 16 章的 codemode 演示" },
+  mcp: { module: "./mcp-demo.js", chapter: "17", summary: "运行第 17 章的 MCP 演示" },
 };
 
 const USAGE = `用法：npm run demo -w @pi/course [-- ${Object.keys(DEMOS).join(" | ")}]（不带参数看离线轨迹；${Object.entries(DEMOS)
@@ -59,7 +61,8 @@ async function runNamedDemo(name: string, demo: { module: string; chapter: strin
     return 1;
   }
   await loaded.main();
-  return 0;
+  // 演示自己可以把退出码设为非零（例如它需要的东西不在这个目录里）。
+  return typeof process.exitCode === "number" ? process.exitCode : 0;
 }
 
 async function run(args: string[]): Promise<number> {
