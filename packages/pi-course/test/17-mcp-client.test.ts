@@ -279,7 +279,7 @@ test("Lab 17.1 · 版本协商：不支持的版本关闭连接且不发 initial
 // Lab 17.2 · tools/list 与 tools/call
 // ---------------------------------------------------------------------------
 
-test("Lab 17.2 · 三页 tools/list：第一页不带参数，之后带 cursor；\"\" 游标结束；坏条目整体拒绝", HANG_GUARD, async () => {
+test("Lab 17.2 · 三页 tools/list：第一页不带参数，之后带 cursor；空字符串游标结束；坏条目整体拒绝", HANG_GUARD, async () => {
   const { client, server } = await connectedPair({
     pages: [[tool("a")], [tool("b"), tool("c")], [tool("d")]],
     lastCursor: "",
