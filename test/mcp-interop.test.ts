@@ -13,7 +13,11 @@ import {
   McpError,
   McpTimeoutError,
   StdioTransport,
+  isJsonRpcNotification,
+  isJsonRpcRequest,
   type JsonRpcMessage,
+  type JsonRpcNotification,
+  type JsonRpcRequest,
 } from "../packages/pi-course/src/mcp.js";
 
 const SERVER = path.join(path.dirname(fileURLToPath(import.meta.url)), "fixtures", "mcp-sdk-server.mjs");
@@ -132,10 +136,14 @@ describe("MCP 互通 · 我们的客户端对官方 SDK 的 stdio 服务器", ()
     await assert.rejects(client.callTool("wait", {}, { timeoutMs: 100 }), McpTimeoutError);
     assert.deepEqual(await cancellations(client), { count: 2, lastReason: "Request timed out" });
 
+    const waitIds = sent
+      .filter((message): message is JsonRpcRequest => isJsonRpcRequest(message) && message.params?.name === "wait")
+      .map((message) => message.id);
     const cancelledIds = sent
-      .filter((message) => "method" in message && message.method === "notifications/cancelled")
-      .map((message) => (message as { params: { requestId: unknown } }).params.requestId);
-    assert.equal(cancelledIds.length, 2);
+      .filter((message): message is JsonRpcNotification => isJsonRpcNotification(message) && message.method === "notifications/cancelled")
+      .map((message) => message.params?.requestId);
+    assert.equal(waitIds.length, 2);
+    assert.deepEqual(cancelledIds, waitIds);
     // SDK 在取消之后不再应答：没有迟到的应答被报告为未知请求。
     assert.deepEqual(errors, []);
   });
