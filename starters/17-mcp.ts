@@ -10,7 +10,7 @@ function labError(lab: string): Error {
   return new Error(`${lab} 尚未实现`);
 }
 
-// >>> 已给出
+// >>> 已给出：消息类型、错误类与 isObject / isJsonRpcId
 // ---------------------------------------------------------------------------
 // JSON-RPC 2.0 的形状
 // ---------------------------------------------------------------------------
@@ -132,7 +132,7 @@ export function isJsonRpcNotification(value: unknown): value is JsonRpcNotificat
 export function isJsonRpcResponse(value: unknown): value is JsonRpcResponse {
   throw labError("Lab 17.1 isJsonRpcResponse");
 }
-// >>> 已给出
+// >>> 已给出：parseJsonRpcMessage、两种传输共用的监听者集合、内存传输对
 
 /** 把一个已经 JSON.parse 过的值认成消息；认不出就是 -32600，绝不猜。 */
 export function parseJsonRpcMessage(value: unknown): JsonRpcMessage {
@@ -284,7 +284,8 @@ export function splitJsonRpcLines(
   // 每个完整行去掉行尾的 "\r"；空白行跳过；JSON.parse 失败或 parseJsonRpcMessage 认不出的行变成 errors 里的一项。
   throw labError("Lab 17.4 splitJsonRpcLines");
 }
-  // >>> 已给出
+
+// >>> 已给出：stdio 传输的启动与发送
 /** 把本地 MCP 服务器作为子进程启动：stdin 写请求，stdout 读应答，stderr 不接（服务器的日志不是协议）。 */
 export class StdioTransport extends TransportEvents implements McpTransport {
   readonly options: Readonly<StdioTransportOptions>;
@@ -360,7 +361,7 @@ export class StdioTransport extends TransportEvents implements McpTransport {
   close(): Promise<void> {
     return Promise.reject(labError("Lab 17.4 StdioTransport.close"));
   }
-  // >>> 已给出
+  // >>> 已给出：stdio 传输的读 stdout 与退出处理、限时等待、MCP 数据形状与结果校验器、客户端的状态与取值器
 
   #receive(chunk: string): void {
     const { messages, errors, rest } = splitJsonRpcLines(this.#buffer, chunk);
@@ -572,7 +573,7 @@ export class McpClient {
     // 任何一步失败：close()（忽略它自己的错误）再把原来的错误抛出去。
     throw labError("Lab 17.1 McpClient.connect");
   }
-  // >>> 已给出
+  // >>> 已给出：客户端的簿记：request / notify / 订阅 / sendRequest / takePending
 
   // -------------------------------------------------------------------------
   // 簿记：发请求、发通知、订阅
@@ -678,7 +679,7 @@ export class McpClient {
     // 可以取消、连接也还没关时，再发出即忘地送一条 notifications/cancelled { requestId, reason? }，发送失败交给 emitError。
     throw labError("Lab 17.3 McpClient.cancelPending");
   }
-  // >>> 已给出
+  // >>> 已给出：客户端收消息（handleMessage）、报告错误、标记关闭与 close
 
   // -------------------------------------------------------------------------
   // 收消息、关连接
