@@ -1,5 +1,6 @@
 // Interop: the course's hand-written MCP client (packages/pi-course/src/mcp.ts, chapter 17) against a real MCP server
-// built with the official TypeScript SDK (test/fixtures/mcp-sdk-server.mjs), started as a child process over stdio.
+// built with the official TypeScript SDK (packages/pi-course/src/demo/mcp-sdk-server.mjs, the server the chapter's demo
+// uses too), started as a child process over stdio.
 // Not part of any chapter's lab count and never copied into a practice folder. Where the two disagree, the SDK is right.
 import assert from "node:assert/strict";
 import path from "node:path";
@@ -20,7 +21,7 @@ import {
   type JsonRpcRequest,
 } from "../packages/pi-course/src/mcp.js";
 
-const SERVER = path.join(path.dirname(fileURLToPath(import.meta.url)), "fixtures", "mcp-sdk-server.mjs");
+const SERVER = path.join(path.dirname(fileURLToPath(import.meta.url)), "..", "packages", "pi-course", "src", "demo", "mcp-sdk-server.mjs");
 
 function startServer(): StdioTransport {
   return new StdioTransport({ command: process.execPath, args: [SERVER] });

@@ -1,6 +1,6 @@
 // `npm run demo -w @pi/course -- mcp`：第 17 章的客户端对一台真正的 MCP 服务器。
-// 服务器是课程仓库根目录的 test/fixtures/mcp-sdk-server.mjs，用官方 TypeScript SDK（@modelcontextprotocol/sdk，
-// 只是根目录的 devDependency）写成，作为子进程走 stdio。这里把线上往来的每条 JSON-RPC 消息都打印出来：
+// 服务器是同目录的 mcp-sdk-server.mjs，用官方 TypeScript SDK（@modelcontextprotocol/sdk，根目录的 devDependency）
+// 写成，作为子进程走 stdio。这里把线上往来的每条 JSON-RPC 消息都打印出来：
 // 握手、三页 tools/list、带参数的调用、错误结果与协议错误、取消、关闭；最后让 MCP 运行时把同一台服务器
 // 接进 ToolRegistry，看工具名、exposure 与 mcp_servers 段落。输出里没有 pid、路径和耗时，每次都一样。
 import { existsSync } from "node:fs";
@@ -13,28 +13,28 @@ import { ToolRegistry, executeToolCall } from "../tool.js";
 import { createToolSearchTool } from "../tool-search.js";
 import { textOf } from "../types.js";
 
-const SERVER_RELATIVE = path.join("test", "fixtures", "mcp-sdk-server.mjs");
+const SERVER_RELATIVE = path.join("src", "demo", "mcp-sdk-server.mjs");
 
-/** 从本文件往上找课程仓库根目录（源码在 src/demo/，编译后在 dist/src/demo/，层数不同）。 */
-function findServerScript(): string {
+/** 从本文件往上找包目录（源码在 src/demo/，编译后在 dist/src/demo/，层数不同）。 */
+function findServerScript(): string | undefined {
   let dir = path.dirname(fileURLToPath(import.meta.url));
-  for (let depth = 0; depth < 8; depth += 1) {
+  for (let depth = 0; depth < 6; depth += 1) {
     const candidate = path.join(dir, SERVER_RELATIVE);
     if (existsSync(candidate)) return candidate;
     dir = path.dirname(dir);
   }
-  return SERVER_RELATIVE;
+  return undefined;
 }
 
 const SERVER_SCRIPT = findServerScript();
 
-/** 练习目录里没有根目录的 test/，也不装 SDK：那里说明原因，而不是抛出一个找不到模块的堆栈。 */
+/** 缺 SDK（或脚本）时说明原因，而不是抛出一个找不到模块的堆栈。 */
 function missingPieces(): string | undefined {
-  if (!existsSync(SERVER_SCRIPT)) return "找不到 test/fixtures/mcp-sdk-server.mjs（它只在课程仓库里，不进练习目录）";
+  if (SERVER_SCRIPT === undefined) return `找不到 ${SERVER_RELATIVE}`;
   try {
     createRequire(SERVER_SCRIPT).resolve("@modelcontextprotocol/sdk/server/index.js");
   } catch {
-    return "没有安装 @modelcontextprotocol/sdk（课程仓库根目录的 devDependency）：先在仓库根目录运行 npm install";
+    return "没有安装 @modelcontextprotocol/sdk（根目录 package.json 的 devDependency）：先在根目录运行 npm install";
   }
   return undefined;
 }
@@ -55,8 +55,13 @@ function traced(transport: StdioTransport): StdioTransport {
   return transport;
 }
 
+/** 演示启动过的每个传输：无论演示怎样结束，都不留下活着的子进程。 */
+const started: StdioTransport[] = [];
+
 function startServer(): StdioTransport {
-  return new StdioTransport({ command: process.execPath, args: [SERVER_SCRIPT] });
+  const transport = new StdioTransport({ command: process.execPath, args: [SERVER_SCRIPT!] });
+  started.push(transport);
+  return transport;
 }
 
 function alive(pid: number): boolean {
@@ -146,15 +151,41 @@ function indent(text: string): string {
     .join("\n");
 }
 
+function killStarted(): void {
+  for (const transport of started) {
+    if (transport.pid !== undefined && alive(transport.pid)) process.kill(transport.pid, "SIGKILL");
+  }
+}
+
+/** 练习目录里客户端还没写完时，演示停在第一个桩上：说清楚停在哪里、下一步做什么。其余错误原样交还。 */
+function stoppedAtStub(error: unknown): boolean {
+  const message = error instanceof Error ? error.message : String(error);
+  if (!message.includes("尚未实现")) return false;
+  console.log(`\n演示停在这里：${message}。先让 npm run lab -w @pi/course -- 17 全绿，再回来看完整的往来。`);
+  process.exitCode = 1;
+  return true;
+}
+
 export async function main(): Promise<void> {
   const missing = missingPieces();
   if (missing !== undefined) {
-    console.log(`MCP 演示需要课程仓库里的 SDK 服务器：${missing}。`);
-    console.log("第 17 章的测试不依赖它：npm run lab -w @pi/course -- 17 照常运行。");
+    console.log(`MCP 演示需要官方 SDK 写的服务器：${missing}。`);
     process.exitCode = 1;
     return;
   }
+  // 桩也可能在事件回调里抛出（例如 stdout 的分帧），那里没有 await 可以接住它。
+  process.once("uncaughtException", (error) => {
+    killStarted();
+    if (!stoppedAtStub(error)) console.error(error);
+    process.exit(1);
+  });
   console.log("第 17 章 · 我们手写的 MCP 客户端 ↔ 官方 SDK 写的 stdio 服务器（子进程）\n");
-  await wireDemo();
-  await runtimeDemo();
+  try {
+    await wireDemo();
+    await runtimeDemo();
+  } catch (error) {
+    if (!stoppedAtStub(error)) throw error;
+  } finally {
+    killStarted();
+  }
 }
