@@ -383,6 +383,8 @@ class RuntimeImpl implements Runtime {
 
 /** 组装唯一的 Agent 与它周围的对象图。恢复本身不写任何东西。 */
 export async function createRuntime(config: RuntimeConfig, deps: RuntimeDeps): Promise<Runtime> {
+  // 先问 store 能不能写：文件带着撕裂尾部时，跑完一轮模型才在第一次 append 失败，答案就白白丢了。
+  await deps.session.ensureWritable?.();
   const entries = await deps.session.entries();
   const activePath = selectActivePath(entries, config.activeLeafId);
   return new RuntimeImpl(config, deps, activePath);
