@@ -9,6 +9,7 @@ import { PACKAGE_DIR, PRACTICE_MANIFEST, ROOT, inTree } from "./paths.js";
 import { PRACTICE_IGNORES, sha256 } from "./practice-state.js";
 import { compiledTest } from "./tests.js";
 import { agentGuideText } from "./agent-guide.js";
+import { learnerPackageJson } from "./author-deps.js";
 
 /** What `lab` needs to know inside a practice folder (nothing here reveals the solution). */
 export interface PracticeManifest {
@@ -55,6 +56,8 @@ export function readPracticeManifest(root: string): PracticeManifest {
 
 /** Harness files a practice folder needs so that `npm run lab` works there. */
 const HARNESS = ["scripts", "package-lock.json"];
+/** Author-only commands (benchmarks, mutation testing) and their model files stay in the course checkout. */
+const AUTHOR_ONLY_SCRIPTS = /^(bench|mutate)/;
 
 export function practiceManifest(c: Checkpoint, info: HistoryInfo): PracticeManifest {
   const ids = info.chapters.get(c.id)!;
@@ -103,16 +106,17 @@ export async function writePracticeTree(c: Checkpoint, info: HistoryInfo, dest: 
     }
     for (const starter of c.starters) await fs.copy(inTree(ROOT, starter.source), inTree(dest, starter.destination));
   }
-  // The harness comes along so that `npm run lab` works; benchmarks are for course authors only.
+  // The harness comes along so that `npm run lab` works; benchmarks and mutation testing are for course authors only.
   for (const item of HARNESS) {
-    await fs.copy(inTree(ROOT, item), inTree(dest, item), { filter: (src) => !path.basename(src).startsWith("bench") });
+    await fs.copy(inTree(ROOT, item), inTree(dest, item), { filter: (src) => !AUTHOR_ONLY_SCRIPTS.test(path.basename(src)) });
   }
-  // The lockfile is the final tree's; narrow it to the snapshot's package.json so that npm install leaves it alone.
+  // The lockfile is the final tree's; narrow it to the snapshot's package.json so that npm install leaves it alone,
+  // and to the root package.json without the author-only devDependencies, so that npm install never fetches them.
   const lockPath = inTree(dest, "package-lock.json");
   const snapshotPackage = JSON.parse(await fs.readFile(inTree(dest, `${PACKAGE_DIR}/package.json`), "utf8")) as Record<string, unknown>;
   const lock = JSON.parse(await fs.readFile(lockPath, "utf8")) as LockFile;
-  await fs.writeFile(lockPath, `${JSON.stringify(fitLockfile(lock, PACKAGE_DIR, snapshotPackage), null, 2)}\n`);
-  const rootPackage = JSON.parse(await fs.readFile(inTree(ROOT, "package.json"), "utf8")) as Record<string, unknown>;
+  const rootPackage = learnerPackageJson(JSON.parse(await fs.readFile(inTree(ROOT, "package.json"), "utf8")) as Record<string, unknown>);
+  await fs.writeFile(lockPath, `${JSON.stringify(fitLockfile(fitLockfile(lock, PACKAGE_DIR, snapshotPackage), "", rootPackage), null, 2)}\n`);
   rootPackage.scripts = {
     build: "npm run build -w @pi/course",
     lab: "node scripts/launch.js lab",

@@ -36,7 +36,7 @@ export async function buildPackage(root: string): Promise<BuildResult> {
  * TypeScript 7 ships a native compiler next to a small node shim; calling the native binary directly saves a
  * node start on every lab run. Falls back to the shim when the platform package is not where we expect it.
  */
-function findTsc(root: string): { command: string; args: string[] } {
+export function findTsc(root: string): { command: string; args: string[] } {
   const native = `@typescript/typescript-${process.platform}-${process.arch}/lib/tsc${process.platform === "win32" ? ".exe" : ""}`;
   for (let dir = root; ; dir = path.dirname(dir)) {
     const modules = path.join(dir, "node_modules");

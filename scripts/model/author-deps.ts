@@ -1,0 +1,15 @@
+// Dependencies only course authors use (today: StrykerJS for `npm run mutate`). A practice folder copies the root
+// package.json and package-lock.json so that its `npm install` gets exactly the course's versions; the author-only
+// packages are taken out of both (the lock through fitLockfile, which also drops every package only they needed),
+// so a learner's install never fetches them and finds the lock already as npm would write it.
+
+/** Root devDependencies that stay out of practice folders. */
+export const AUTHOR_ONLY_DEPENDENCIES = ["@stryker-mutator/core"];
+
+/** package.json without the author-only devDependencies (a copy; the input is not changed). */
+export function learnerPackageJson<T extends Record<string, unknown>>(pkg: T, names: readonly string[] = AUTHOR_ONLY_DEPENDENCIES): T {
+  const copy: Record<string, unknown> = { ...pkg };
+  const dev = copy.devDependencies as Record<string, string> | undefined;
+  if (dev) copy.devDependencies = Object.fromEntries(Object.entries(dev).filter(([name]) => !names.includes(name)));
+  return copy as T;
+}

@@ -1,0 +1,212 @@
+// Mutation testing of teaching files (an author tool, never part of `npm test`): StrykerJS 8.7 changes one small
+// thing at a time in a file (a condition, an operator, a string) and runs the tests of the chapters that teach the
+// file; a change no test notices is a survivor, i.e. behaviour the tests do not pin down.
+//
+// How Stryker 8.7 runs here: the command test runner over our compiled node:test files (there is no node:test
+// plugin), no checkers, and no type checks: its TypeScript pieces call the compiler API, which TypeScript 7 no
+// longer has. Its tsconfig preprocessor runs whenever the file `tsconfigFile` names exists, so that option names a
+// file that does not. Type errors a mutant makes do not matter: every mutated file gets `// @ts-nocheck` and tsc
+// still emits.
+import path from "node:path";
+import fs from "fs-extra";
+import type { Stryker } from "@stryker-mutator/core";
+import { CourseError } from "./cli.js";
+import type { Checkpoint } from "./manifest.js";
+import { PACKAGE_DIR, ROOT, inTree } from "./paths.js";
+import { compiledTest, findTsc } from "./tests.js";
+
+export type StrykerOptions = ConstructorParameters<typeof Stryker>[0];
+export type MutantResult = Awaited<ReturnType<Stryker["runMutationTest"]>>[number];
+
+/** One file to mutate and the chapters whose focused tests judge it. */
+export interface MutationTarget { file: string; chapters: string[]; tests: string[] }
+
+/** Never exists: keeps Stryker's tsconfig preprocessor (TypeScript compiler API) from running. */
+export const NO_TSCONFIG = "stryker-no-tsconfig.json";
+/** The runner script written into the work tree: imports the compiled focused tests into one node process. */
+export const RUNNER = "pi-course-mutate-run.mjs";
+
+/**
+ * The files of chapter `c` (or just `file`: a repository path, a path below packages/pi-course, or a base name),
+ * each with every chapter that teaches it: the one that introduces it and every one that extends it.
+ */
+export function mutationTargets(checkpoints: Checkpoint[], c: Checkpoint, file?: string): MutationTarget[] {
+  let files = c.teachingFiles;
+  if (file !== undefined) {
+    const wanted = file.replace(/\\/g, "/").replace(/^\.\//, "");
+    const match = c.teachingFiles.filter((f) => f === wanted || f === `${PACKAGE_DIR}/${wanted}` || path.posix.basename(f) === wanted);
+    if (match.length !== 1) {
+      throw new CourseError(`第 ${c.id} 章的教学文件里没有 ${file}；本章的教学文件：${c.teachingFiles.map((f) => f.slice(PACKAGE_DIR.length + 1)).join("、")}`, 2);
+    }
+    files = match;
+  }
+  return files.map((f) => {
+    const teaching = checkpoints.filter((other) => other.teachingFiles.includes(f));
+    return { file: f, chapters: teaching.map((t) => t.id), tests: teaching.map((t) => compiledTest(t.focusedTest)) };
+  });
+}
+
+/** Every teaching file of the course once, in the order chapters introduce them. */
+export function allTargets(checkpoints: Checkpoint[]): MutationTarget[] {
+  const seen = new Set<string>();
+  const targets: MutationTarget[] = [];
+  for (const c of checkpoints) {
+    for (const f of c.teachingFiles) {
+      if (seen.has(f)) continue;
+      seen.add(f);
+      targets.push(...mutationTargets(checkpoints, c, f));
+    }
+  }
+  return targets;
+}
+
+/** The runner: each compiled test file imported in turn; node:test sets a failing exit code when any test fails. */
+export function runnerSource(tests: string[]): string {
+  return [
+    "// Written by npm run mutate: the focused tests of the chapters that teach the mutated file, in one process.",
+    ...tests.map((t) => `await import(${JSON.stringify(`./${t}`)});`),
+    "",
+  ].join("\n");
+}
+
+/** Stryker's options for one target in a work tree (paths relative to it), reports under `reportBase`. */
+export function strykerOptions(target: MutationTarget, tsc: string[], reportBase: string, concurrency?: number): StrykerOptions {
+  const quote = (part: string): string => (/^[\w./@:=+-]+$/.test(part) ? part : `'${part.replace(/'/g, "'\\''")}'`);
+  return {
+    testRunner: "command",
+    commandRunner: { command: `${quote(process.execPath)} --test-force-exit --test-reporter=dot ${RUNNER}` },
+    buildCommand: [...tsc, "-p", `${PACKAGE_DIR}/tsconfig.json`].map(quote).join(" "),
+    mutate: [target.file],
+    checkers: [],
+    disableTypeChecks: target.file,
+    tsconfigFile: NO_TSCONFIG,
+    coverageAnalysis: "off",
+    // A mutant that loops forever is caught by the timeout and counts as detected.
+    timeoutMS: 10_000,
+    ...(concurrency === undefined ? {} : { concurrency }),
+    reporters: ["json", "html", process.stdout.isTTY ? "progress" : "progress-append-only"],
+    jsonReporter: { fileName: `${reportBase}.stryker.json` },
+    htmlReporter: { fileName: `${reportBase}.html` },
+    logLevel: "warn" as StrykerOptions["logLevel"],
+    fileLogLevel: "off" as StrykerOptions["fileLogLevel"],
+    plugins: [],
+    ignorePatterns: ["/.stryker-tmp"],
+    cleanTempDir: true,
+  };
+}
+
+export interface Survivor { line: number; column: number; mutator: string; original: string; replacement: string }
+export interface FileScore {
+  file: string; chapters: string[]; mutants: number; killed: number; timedOut: number; survived: number;
+  noCoverage: number; errors: number; score: number; survivors: Survivor[];
+}
+
+/** One line of source text for a report: whitespace collapsed, long text cut in the middle. */
+export function snippet(text: string, max = 60): string {
+  const flat = text.replace(/\s+/g, " ").trim();
+  if (flat.length <= max) return flat;
+  const half = Math.floor((max - 1) / 2);
+  return `${flat.slice(0, half)}…${flat.slice(flat.length - half)}`;
+}
+
+/** The text a location covers (Stryker reports lines and columns from 1; the end is exclusive). */
+function sliceSource(source: string, location: MutantResult["location"]): string {
+  const lines = source.split("\n");
+  const { start, end } = location;
+  if (start.line === end.line) return lines[start.line - 1]?.slice(start.column - 1, end.column - 1) ?? "";
+  return [lines[start.line - 1]?.slice(start.column - 1) ?? "", ...lines.slice(start.line, end.line - 1), lines[end.line - 1]?.slice(0, end.column - 1) ?? ""].join("\n");
+}
+
+/**
+ * Score of one file from Stryker's results: detected (killed + timed out) over valid mutants (detected + survived
+ * + not covered); mutants that did not compile or crashed the runner are counted apart, as Stryker does.
+ */
+export function scoreFile(target: MutationTarget, results: MutantResult[], source: string): FileScore {
+  const count = (...statuses: string[]): number => results.filter((r) => statuses.includes(r.status)).length;
+  const killed = count("Killed");
+  const timedOut = count("Timeout");
+  const survived = count("Survived");
+  const noCoverage = count("NoCoverage");
+  const valid = killed + timedOut + survived + noCoverage;
+  const survivors = results
+    .filter((r) => r.status === "Survived" || r.status === "NoCoverage")
+    .map((r): Survivor => ({
+      line: r.location.start.line, column: r.location.start.column, mutator: r.mutatorName,
+      original: sliceSource(source, r.location), replacement: r.replacement ?? "",
+    }))
+    .sort((a, b) => a.line - b.line || a.column - b.column);
+  return {
+    file: target.file, chapters: target.chapters, mutants: results.length, killed, timedOut, survived, noCoverage,
+    errors: count("CompileError", "RuntimeError", "Ignored"), score: valid === 0 ? 100 : (100 * (killed + timedOut)) / valid, survivors,
+  };
+}
+
+export function percent(score: number): string {
+  return `${score.toFixed(1)} %`;
+}
+
+/** `file  N 个变异体 · 杀死 … · 得分 …`, then every survivor as `file:line  original → mutant`. */
+export function formatFileScore(s: FileScore): string {
+  const short = s.file.startsWith(`${PACKAGE_DIR}/`) ? s.file.slice(PACKAGE_DIR.length + 1) : s.file;
+  const lines = [
+    `${short}（第 ${s.chapters.join("、")} 章的测试）：${s.mutants} 个变异体 · 杀死 ${s.killed} · 超时 ${s.timedOut} · 存活 ${s.survived}` +
+      `${s.noCoverage ? ` · 未覆盖 ${s.noCoverage}` : ""}${s.errors ? ` · 无效 ${s.errors}` : ""} · 得分 ${percent(s.score)}`,
+  ];
+  for (const v of s.survivors) lines.push(`  ${short}:${v.line}  ${snippet(v.original)} → ${snippet(v.replacement) || "（删去）"}`);
+  return lines.join("\n");
+}
+
+/** The closing table of several files; `before` holds earlier scores by file (from the last report), if any. */
+export function formatSummaryTable(scores: FileScore[], before: Map<string, number> = new Map()): string {
+  const rows = [["文件", "变异体", "杀死", "存活", "得分", "上次"]];
+  for (const s of scores) {
+    const previous = before.get(s.file);
+    rows.push([s.file.slice(PACKAGE_DIR.length + 1), String(s.mutants), String(s.killed + s.timedOut), String(s.survived + s.noCoverage), percent(s.score), previous === undefined ? "—" : percent(previous)]);
+  }
+  // Display width: a CJK character takes two columns.
+  const width = (text: string): number => [...text].reduce((sum, ch) => sum + (/[\u2e80-\u9fff\uff00-\uffef]/.test(ch) ? 2 : 1), 0);
+  const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => width(r[i]!))));
+  const pad = (cell: string, i: number): string => (i === 0 ? cell + " ".repeat(widths[i]! - width(cell)) : " ".repeat(widths[i]! - width(cell)) + cell);
+  return rows.map((r) => r.map(pad).join("  ").trimEnd()).join("\n");
+}
+
+/**
+ * A work tree for Stryker in `dir`: the root configs and packages/pi-course without its build output, the course's
+ * node_modules linked in, and the runner. Stryker then copies it into its own sandbox under `dir/.stryker-tmp`.
+ */
+export async function prepareWorkTree(dir: string, target: MutationTarget, root = ROOT): Promise<void> {
+  for (const file of ["package.json", "tsconfig.json"]) await fs.copy(path.join(root, file), path.join(dir, file));
+  const pkg = inTree(root, PACKAGE_DIR);
+  await fs.copy(pkg, inTree(dir, PACKAGE_DIR), {
+    filter: (src) => {
+      const rel = path.relative(pkg, src).split(path.sep);
+      return rel[0] !== "dist" && rel[0] !== "node_modules" && !src.endsWith(".tsbuildinfo");
+    },
+  });
+  const modules = path.join(root, "node_modules");
+  if (!fs.existsSync(path.join(modules, "@stryker-mutator", "core")))
+    throw new CourseError("还没有安装 StrykerJS：在课程仓库根目录运行 npm install（它是作者用的 devDependency，练习目录里没有）。");
+  await fs.ensureSymlink(modules, path.join(dir, "node_modules"), "dir");
+  await fs.writeFile(path.join(dir, RUNNER), runnerSource(target.tests));
+}
+
+/** Runs Stryker on one target of the checkout `root` inside `dir` (an empty folder) and scores it. */
+export async function mutateOne(dir: string, target: MutationTarget, reportBase: string, concurrency?: number, root = ROOT): Promise<FileScore> {
+  await prepareWorkTree(dir, target, root);
+  const tsc = findTsc(root);
+  // Inside a node:test run (the harness test) this variable would make our test processes talk node's protocol.
+  delete process.env.NODE_TEST_CONTEXT;
+  const { Stryker: StrykerClass } = await import("@stryker-mutator/core");
+  const previous = process.cwd();
+  process.chdir(dir);
+  let results: MutantResult[];
+  try {
+    results = await new StrykerClass(strykerOptions(target, [tsc.command, ...tsc.args], reportBase, concurrency)).runMutationTest();
+  } catch (error) {
+    throw new CourseError(`Stryker 没能跑完 ${target.file}：${error instanceof Error ? error.message : String(error)}`);
+  } finally {
+    process.chdir(previous);
+  }
+  const source = await fs.readFile(inTree(dir, target.file), "utf8");
+  return scoreFile(target, results.filter((r) => path.resolve(dir, r.fileName) === path.resolve(dir, target.file)), source);
+}

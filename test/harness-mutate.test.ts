@@ -1,0 +1,171 @@
+// `mutate` (StrykerJS, an author tool) and keeping it out of practice folders: which tests judge which file, the
+// options Stryker 8.7 needs on TypeScript 7, scores and survivor lines, the lock a practice folder gets, and one
+// real Stryker run on a five-line fixture.
+import test, { after, before } from "node:test";
+import assert from "node:assert/strict";
+import path from "node:path";
+import fs from "fs-extra";
+import { loadCheckpoints } from "../scripts/model/manifest.js";
+import { ensureHistory } from "../scripts/model/history.js";
+import { AUTHOR_ONLY_DEPENDENCIES, learnerPackageJson } from "../scripts/model/author-deps.js";
+import { type LockFile, fitLockfile } from "../scripts/model/lockfile.js";
+import {
+  type MutantResult, type MutationTarget, NO_TSCONFIG, RUNNER, allTargets, formatFileScore, formatSummaryTable,
+  mutationTargets, runnerSource, scoreFile, strykerOptions,
+} from "../scripts/model/mutate.js";
+import { PACKAGE, REPO, course, realChapter, run, tempDir } from "./harness-helpers.js";
+
+const checkpoints = loadCheckpoints();
+let scratch: string;
+
+before(async () => {
+  scratch = await tempDir("mutate");
+});
+after(async () => {
+  await fs.remove(scratch);
+});
+
+const byId = (id: string) => checkpoints.find((c) => c.id === id)!;
+
+test("mutate 的判定测试：引入文件的章与之后扩展它的每一章；不属于本章的文件被拒绝并列出本章的教学文件", () => {
+  for (const c of checkpoints) {
+    for (const target of mutationTargets(checkpoints, c)) {
+      const teaching = checkpoints.filter((other) => other.teachingFiles.includes(target.file));
+      assert.deepEqual(target.chapters, teaching.map((t) => t.id), target.file);
+      assert.ok(target.chapters.includes(c.id));
+      assert.deepEqual(target.tests, teaching.map((t) => t.focusedTest.replace(`${PACKAGE}/test/`, `${PACKAGE}/dist/test/`).replace(/\.ts$/, ".js")));
+    }
+  }
+  // A file several chapters teach: the same judges whichever of them is named, by base name or package path.
+  const shared = checkpoints.flatMap((c) => c.teachingFiles).find((f, i, all) => all.indexOf(f) !== i)!;
+  const teachers = checkpoints.filter((c) => c.teachingFiles.includes(shared));
+  const first = mutationTargets(checkpoints, teachers[0]!, path.posix.basename(shared));
+  const last = mutationTargets(checkpoints, teachers.at(-1)!, shared.slice(PACKAGE.length + 1));
+  assert.equal(first.length, 1);
+  assert.deepEqual(first, last);
+  assert.ok(first[0]!.chapters.length >= 2);
+  const c01 = byId("01");
+  assert.throws(() => mutationTargets(checkpoints, c01, "agent.ts"), (error: Error) => error.message.includes("survival/events.ts"));
+  // --all: every teaching file once.
+  const all = allTargets(checkpoints).map((t) => t.file);
+  assert.deepEqual([...all].sort(), [...new Set(checkpoints.flatMap((c) => c.teachingFiles))].sort());
+});
+
+test("Stryker 8.7 的选项：command 运行器跑编译后的聚焦测试，没有 checker，不做类型检查，tsconfigFile 指向不存在的文件", () => {
+  const target: MutationTarget = { file: `${PACKAGE}/src/agent-loop.ts`, chapters: ["07", "09"], tests: [`${PACKAGE}/dist/test/07-agent-loop.test.js`, `${PACKAGE}/dist/test/09-stateful-agent.test.js`] };
+  const options = strykerOptions(target, ["/opt/my tsc"], "/r/agent-loop", 2);
+  assert.equal(options.testRunner, "command");
+  assert.deepEqual(options.checkers, []);
+  assert.equal(options.coverageAnalysis, "off");
+  assert.equal(options.tsconfigFile, NO_TSCONFIG);
+  assert.equal(fs.existsSync(path.join(REPO, NO_TSCONFIG)), false);
+  assert.deepEqual(options.mutate, [target.file]);
+  assert.equal(options.disableTypeChecks, target.file);
+  assert.equal(options.concurrency, 2);
+  assert.equal(options.buildCommand, `'/opt/my tsc' -p ${PACKAGE}/tsconfig.json`);
+  assert.ok(options.commandRunner?.command?.endsWith(` ${RUNNER}`));
+  assert.equal(options.jsonReporter?.fileName, "/r/agent-loop.stryker.json");
+  assert.equal(runnerSource(target.tests).split("\n").filter((l) => l.startsWith("await import(")).join("\n"),
+    `await import("./${target.tests[0]}");\nawait import("./${target.tests[1]}");`);
+});
+
+test("得分与存活行：杀死 + 超时 除以有效变异体，存活的写成 file:line  原文 → 变异", () => {
+  const source = "export function f(a: number): number {\n  if (a > 1) return 2;\n  return a;\n}\n";
+  const at = (line: number, start: number, end: number) => ({ start: { line, column: start }, end: { line, column: end } });
+  const result = (id: string, status: string, location: MutantResult["location"], replacement: string): MutantResult =>
+    ({ id, status, location, replacement, mutatorName: "M", fileName: "x", static: false } as unknown as MutantResult);
+  const results = [
+    result("1", "Killed", at(2, 7, 12), "a >= 1"),
+    result("2", "Survived", at(2, 7, 12), "true"),
+    result("3", "Timeout", at(2, 14, 23), "{}"),
+    result("4", "CompileError", at(3, 10, 11), "-a"),
+    result("5", "Survived", at(1, 38, 38), "{}"),
+  ];
+  const target: MutationTarget = { file: `${PACKAGE}/src/f.ts`, chapters: ["04"], tests: [] };
+  const score = scoreFile(target, results, source);
+  assert.equal(score.mutants, 5);
+  assert.equal(score.killed, 1);
+  assert.equal(score.timedOut, 1);
+  assert.equal(score.survived, 2);
+  assert.equal(score.errors, 1);
+  assert.equal(score.score, 50);
+  assert.deepEqual(score.survivors.map((s) => [s.line, s.original, s.replacement]), [[1, "", "{}"], [2, "a > 1", "true"]]);
+  const text = formatFileScore(score);
+  assert.match(text, /^src\/f\.ts（第 04 章的测试）：5 个变异体 · 杀死 1 · 超时 1 · 存活 2 · 无效 1 · 得分 50\.0 %$/m);
+  assert.match(text, /^ {2}src\/f\.ts:2 {2}a > 1 → true$/m);
+  const table = formatSummaryTable([score], new Map([[target.file, 40]]));
+  assert.match(table, /src\/f\.ts\s+5\s+2\s+2\s+50\.0 %\s+40\.0 %$/m);
+});
+
+test("练习目录不带作者依赖：package.json 与 package-lock.json 里没有 Stryker，也没有只有它需要的包；其余的包原样保留", async () => {
+  const lock = (await fs.readJson(path.join(REPO, "package-lock.json"))) as LockFile;
+  const pkg = (await fs.readJson(path.join(REPO, "package.json"))) as { devDependencies: Record<string, string> };
+  for (const name of AUTHOR_ONLY_DEPENDENCIES) assert.ok(pkg.devDependencies[name], `课程仓库的 devDependencies 应有 ${name}`);
+  const learner = learnerPackageJson(pkg);
+  for (const name of AUTHOR_ONLY_DEPENDENCIES) assert.equal(learner.devDependencies[name], undefined);
+  assert.equal(Object.keys(learner.devDependencies).length, Object.keys(pkg.devDependencies).length - AUTHOR_ONLY_DEPENDENCIES.length);
+  const pruned = fitLockfile(lock, "", learner);
+  const keys = Object.keys(pruned.packages!);
+  assert.ok(keys.every((k) => !k.includes("@stryker-mutator/")), "锁文件里不应再有 @stryker-mutator");
+  assert.ok(keys.length < Object.keys(lock.packages!).length - AUTHOR_ONLY_DEPENDENCIES.length, "只有 Stryker 需要的包也应去掉");
+  for (const k of keys) if (k !== "") assert.deepEqual(pruned.packages![k], lock.packages![k], k);
+  for (const name of Object.keys(learner.devDependencies)) assert.ok(pruned.packages![`node_modules/${name}`], name);
+  // Narrowing again changes nothing: what is left is closed under its own dependencies.
+  assert.deepEqual(fitLockfile(pruned, "", learner), pruned);
+
+  await ensureHistory(checkpoints);
+  const dest = path.join(scratch, "practice");
+  const made = await course(REPO, "practice", [realChapter(checkpoints).id, dest]);
+  assert.equal(made.code, 0, made.stderr);
+  const given = (await fs.readJson(path.join(dest, "package.json"))) as typeof pkg;
+  for (const name of AUTHOR_ONLY_DEPENDENCIES) assert.equal(given.devDependencies[name], undefined);
+  const givenLock = JSON.stringify(await fs.readJson(path.join(dest, "package-lock.json")));
+  assert.doesNotMatch(givenLock, /@stryker-mutator/);
+  assert.equal(fs.existsSync(path.join(dest, "scripts", "mutate.ts")), false);
+  assert.equal(fs.existsSync(path.join(dest, "scripts", "model", "mutate.ts")), false);
+});
+
+test("一次真正的 Stryker 运行（五行的小文件）：测试漏掉的上界分支存活，并以 file:line 列出", async () => {
+  // A course-shaped checkout with one teaching file and its focused test, sharing the course's node_modules.
+  const root = path.join(scratch, "fixture");
+  await fs.copy(path.join(REPO, "tsconfig.json"), path.join(root, "tsconfig.json"));
+  await fs.writeJson(path.join(root, "package.json"), { name: "fixture", private: true, type: "module" });
+  await fs.copy(path.join(REPO, PACKAGE, "tsconfig.json"), path.join(root, PACKAGE, "tsconfig.json"));
+  await fs.outputFile(path.join(root, PACKAGE, "src", "clamp.ts"), [
+    "export function clamp(value: number, low: number, high: number): number {",
+    "  if (value < low) return low;",
+    "  return value > high ? high : value;",
+    "}",
+    "",
+  ].join("\n"));
+  await fs.outputFile(path.join(root, PACKAGE, "test", "01-clamp.test.ts"), [
+    'import test from "node:test";',
+    'import assert from "node:assert/strict";',
+    'import { clamp } from "../src/clamp.js";',
+    'test("Lab 1.1 · 下界", () => { assert.equal(clamp(-5, 0, 10), 0); assert.equal(clamp(0, 0, 10), 0); assert.equal(clamp(4, 0, 10), 4); });',
+    "",
+  ].join("\n"));
+  await fs.ensureSymlink(path.join(REPO, "node_modules"), path.join(root, "node_modules"), "dir");
+  const work = path.join(scratch, "work");
+  await fs.ensureDir(work);
+  const target: MutationTarget = { file: `${PACKAGE}/src/clamp.ts`, chapters: ["01"], tests: [`${PACKAGE}/dist/test/01-clamp.test.js`] };
+  // Stryker runs in a process of its own (it changes directory and keeps handles open while it works).
+  const program = [
+    `import { mutateOne, formatFileScore } from ${JSON.stringify(path.join(REPO, "scripts", "model", "mutate.ts"))};`,
+    `const score = await mutateOne(${JSON.stringify(work)}, ${JSON.stringify(target)}, ${JSON.stringify(path.join(scratch, "report"))}, 1, ${JSON.stringify(root)});`,
+    "console.log(JSON.stringify({ score, text: formatFileScore(score) }));",
+    "process.exit(0);",
+  ].join("\n");
+  const result = await run(process.execPath, ["--import", "tsx", "--input-type=module", "-e", program], { cwd: REPO, timeoutMs: 180_000 });
+  assert.equal(result.code, 0, `${result.stdout}\n${result.stderr}`);
+  const { score, text } = JSON.parse(result.stdout.trim().split("\n").at(-1)!) as { score: ReturnType<typeof scoreFile>; text: string };
+  assert.ok(score.mutants >= 5, text);
+  assert.ok(score.killed >= 1, text);
+  assert.ok(score.survived >= 1, text);
+  // clamp(4, 0, 10) and clamp(0, 0, 10) never reach the upper bound: `value > high` → false survives on line 3.
+  assert.ok(score.survivors.some((s) => s.line === 3 && s.original === "value > high" && s.replacement === "false"), text);
+  assert.match(text, /^ {2}src\/clamp\.ts:3 {2}value > high → false$/m);
+  assert.ok(score.score > 0 && score.score < 100, text);
+  assert.ok(fs.existsSync(path.join(scratch, "report.html")), "应写出 Stryker 的 HTML 报告");
+  assert.deepEqual((await fs.readdir(work)).filter((n) => n.startsWith(".stryker-tmp")).flatMap((n) => fs.readdirSync(path.join(work, n))), [], "Stryker 的沙箱应被清理");
+});
