@@ -15,6 +15,7 @@ import { faultLine, readFaultsDone, tamperedTests } from "./model/practice-state
 import { type PracticeManifest, faultCommand, readPracticeManifest } from "./model/practice-tree.js";
 import { quotePath } from "./model/quote.js";
 import { recordProgress } from "./model/progress.js";
+import { startLabWatch } from "./model/watch.js";
 
 const USAGE = "用法：npm run lab -w @pi/course -- <章.lab | 章> [--watch] [--strict] [--coverage]   例如 13.1（只跑 Lab 13.1）或 13（全章验收）；保留测试：在课程仓库里 npm run lab -w @pi/course -- 14 --held-out --dir <练习目录>";
 
@@ -85,7 +86,9 @@ function nextSteps(practice: PracticeManifest): string[] {
   ];
 }
 
-async function once(id: string, lab: string | undefined, watching = false): Promise<boolean> {
+/** One verdict; `produce` makes it (a cold build and test run, or the next build of the watch loop). */
+async function once(id: string, lab: string | undefined, watching = false,
+  produce: (spec: ChapterSpec) => Promise<LabReport> = (spec) => runLab(ROOT, spec, lab)): Promise<boolean> {
   const spec = chapterSpec(id);
   const inPractice = isPracticeRoot();
   const arg = lab ?? String(Number(id));
@@ -93,7 +96,7 @@ async function once(id: string, lab: string | undefined, watching = false): Prom
   if (banner) console.log(banner);
   // This folder's own chapter (not an earlier one, whose spec carries only its id).
   const own = inPractice && spec.labs !== undefined ? (spec as PracticeManifest) : undefined;
-  const report: LabReport = await runLab(ROOT, spec, lab);
+  const report: LabReport = await produce(spec);
   // This chapter's runs in a practice folder are remembered for `npm run progress` (earlier chapters' are not).
   if (own) recordProgress(ROOT, id, report);
   console.log(`（构建 ${(report.buildMs / 1000).toFixed(2)} s · 测试 ${(report.testMs / 1000).toFixed(2)} s · ${report.file}）`);
@@ -192,24 +195,16 @@ await main(async (args) => {
   }
   if (!watch) return (await once(parsed.id, parsed.lab)) ? 0 : redExit(strict);
 
-  const run = async (): Promise<void> => {
+  // Warm loop: a resident `tsc --watch` notices each save and a pre-started test process runs the lab (watch.ts).
+  const watcher = startLabWatch(ROOT, chapterSpec(parsed.id), parsed.lab);
+  for (const signal of ["SIGINT", "SIGTERM", "SIGHUP"] as const) process.once(signal, () => { watcher.close(); process.exit(130); });
+  for (;;) {
     try {
-      await once(parsed.id, parsed.lab, true);
+      await once(parsed.id, parsed.lab, true, () => watcher.next());
     } catch (error) {
+      if (!watcher.alive) throw error;
       console.log(error instanceof Error ? error.message : String(error));
     }
     console.log("\n监视中：保存 src/ 或 test/ 下的文件会自动重跑；Ctrl-C 退出。");
-  };
-  await run();
-  let timer: NodeJS.Timeout | undefined;
-  let running = Promise.resolve();
-  for (const dir of ["src", "test", "test-support"]) {
-    const full = inTree(ROOT, `${PACKAGE_DIR}/${dir}`);
-    if (!fs.existsSync(full)) continue;
-    fs.watch(full, { recursive: true }, () => {
-      clearTimeout(timer);
-      timer = setTimeout(() => { running = running.then(run); }, 150);
-    });
   }
-  await new Promise<never>(() => {});
 });

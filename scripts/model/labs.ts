@@ -28,9 +28,7 @@ export function focusedCompiled(root: string, spec: ChapterSpec): string {
  * Zero matched tests is an error, never a green run.
  */
 export async function runLab(root: string, spec: ChapterSpec, lab?: string): Promise<LabReport> {
-  const known = spec.labs?.map((l) => l.id);
-  if (lab && known && !known.includes(lab))
-    throw new CourseError(`第 ${spec.id} 章没有 Lab ${lab}；本章的 lab：${known.join("、")}`, 2);
+  checkLab(spec, lab);
   const file = focusedCompiled(root, spec);
   // The test process starts now and boots while tsc builds; it gets the file once the build is done.
   const tests = prepareTests(root, file, lab ? { patterns: [labPattern(lab)] } : {});
@@ -48,7 +46,19 @@ export async function runLab(root: string, spec: ChapterSpec, lab?: string): Pro
   }
   const started = Date.now();
   const outcomes = await tests.go();
-  const testMs = Date.now() - started;
+  return judgeLab(spec, lab, file, outcomes, buildMs, Date.now() - started);
+}
+
+/** Refuses a lab the chapter does not have (when its labs are known). */
+export function checkLab(spec: ChapterSpec, lab?: string): void {
+  const known = spec.labs?.map((l) => l.id);
+  if (lab && known && !known.includes(lab))
+    throw new CourseError(`第 ${spec.id} 章没有 Lab ${lab}；本章的 lab：${known.join("、")}`, 2);
+}
+
+/** The outcomes of one test run of `file`, grouped by lab and held against the manifest's counts. */
+export function judgeLab(spec: ChapterSpec, lab: string | undefined, file: string, outcomes: TestOutcome[], buildMs: number, testMs: number): LabReport {
+  const known = spec.labs?.map((l) => l.id);
   const crashed = outcomes.filter((o) => labOf(o.name) === undefined && !o.passed);
   if (crashed.length > 0)
     throw new CourseError(`测试文件没能运行完：${path.basename(file)}\n${firstLines(crashed.map((o) => o.error).join("\n"), 20)}`);

@@ -117,7 +117,14 @@ export function startTestProcess(cwd: string, absoluteFile: string, relativeFile
   let stderr = "";
   let done = false;
   let loadError: string | undefined;
-  child.stdout.setEncoding("utf8").on("data", (chunk: string) => { stdout += chunk; });
+  // node:test's last report (the plan) means every result is in: the verdict need not wait for the process to exit.
+  const lastLine = `${MARK}${JSON.stringify({ done: true })}\n`;
+  let reported: () => void = () => {};
+  const allReported = new Promise<void>((resolve) => { reported = resolve; });
+  child.stdout.setEncoding("utf8").on("data", (chunk: string) => {
+    stdout += chunk;
+    if (stdout.includes(lastLine, Math.max(0, stdout.length - chunk.length - lastLine.length))) reported();
+  });
   child.stderr.setEncoding("utf8").on("data", (chunk: string) => { stderr += chunk; });
   // If nobody reads the result (cancel, or the parent is exiting), a closed stdin must not become an error.
   child.stdin.on("error", () => {});
@@ -145,9 +152,10 @@ export function startTestProcess(cwd: string, absoluteFile: string, relativeFile
       const timeout = options.timeout ?? 60_000;
       let timedOut = false;
       const timer = setTimeout(() => { timedOut = true; child.kill("SIGKILL"); }, timeout);
-      const exit = await exited;
+      const exit = await Promise.race([exited, allReported.then(() => undefined)]);
       clearTimeout(timer);
       collect();
+      if (exit === undefined) return outcomes;
       const failure = (error: string): void => { outcomes.push({ name: relativeFile, file: relativeFile, passed: false, error }); };
       if (exit.spawnError) failure(`无法启动测试进程：${exit.spawnError.message}`);
       else if (timedOut) failure(`测试超时：${Math.round(timeout / 1000)} 秒内没有跑完（测试卡住了，或者有 Promise 永远不会结束）`);
