@@ -279,7 +279,7 @@ await main(async (args) => {
       ["npm 自身（npm run lab -- x 减去 harness 启动）", seconds(m("npmNoop") - m("harness"))],
       ["lab --watch：tsc --watch 重建（从它发现改动到构建完成，lab 自报）", seconds(median(watch.buildMs))],
       ["lab --watch：预先启动的测试进程跑到出结论（lab 自报）", seconds(median(watch.testMs))],
-      ["lab --watch：其余（发现改动、打印；保存 → 结论 − 重建 − 测试）", seconds(median(watch.seconds) - median(watch.buildMs) - median(watch.testMs))],
+      ["lab --watch：其余（发现改动、打印；保存 → 结论 − 重建 − 测试）", seconds(Math.max(0, median(watch.seconds) - median(watch.buildMs) - median(watch.testMs)))],
     ];
     console.log("\n时间花在哪里（lab 循环，node scripts/launch.js 直接运行）：\n");
     console.log(table(breakdown));
