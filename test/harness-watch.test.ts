@@ -74,7 +74,7 @@ test(`lab ${n}.1 --watch：保存后给出新的结论；类型错误给出 tsc 
   const expected = chapter.labs[0]!.count;
   let watchersSeen = 0;
   try {
-    await waitFor("第一次结论（starter：红）", () => (verdicts().length >= 1 ? true : undefined), 60_000);
+    await waitFor("第一次结论（starter：红）之后的监视提示", () => (out.includes("监视中") ? true : undefined), 60_000);
     assert.equal(verdicts()[0], `Lab ${n}.1: 0/${expected}`);
     assert.ok(out.includes(chapter.firstRed), out);
     assert.ok(out.includes("监视中"), out);
