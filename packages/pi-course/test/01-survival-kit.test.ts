@@ -25,4 +25,8 @@ test("Lab 1.2 · unknown 边界：合法 delta 读成新对象，text 不是字�
   assert.throws(() => readDelta(null), /invalid delta event/);
   assert.throws(() => readDelta(["delta", "r1", "Pi"]), /invalid delta event/);
   assert.throws(() => readDelta({ type: "started", requestId: "r1", text: "Pi" }), /invalid delta event/);
+  // 每个字段单独检查：requestId 缺失或不是字符串也要拒绝；不是对象的原始值（字符串）同样拒绝，而不是让 in 运算符抛 TypeError。
+  assert.throws(() => readDelta({ type: "delta", requestId: 7, text: "Pi" }), /invalid delta event/);
+  assert.throws(() => readDelta({ type: "delta", text: "Pi" }), /invalid delta event/);
+  assert.throws(() => readDelta("delta"), /invalid delta event/);
 });
