@@ -104,6 +104,13 @@ test("Lab 4.2 · 脚本化的失败回合：先吐出部分文本，再以 error
   assert.equal(result.stopReason, "error");
   assert.equal(result.errorMessage, "上游返回 502");
   assert.deepEqual(result.content, [text("正在分析")]);
+
+  // 脚本里的 aborted 回合同样以 error 终态收尾（不是 done）；没有 partialText 时消息里没有任何内容块。
+  const stopped = await drain(new ScriptedModel([{ stopReason: "aborted", errorMessage: "用户中途取消" }]).stream({ messages: [userMessage("停")] }));
+  assert.deepEqual(stopped.events.map((event) => event.type), ["start", "error"]);
+  assert.equal(expectEvent(stopped.events[1], "error").reason, "aborted");
+  assert.equal(stopped.result.stopReason, "aborted");
+  assert.deepEqual(stopped.result.content, []);
 });
 
 test("Lab 4.2 · 脚本用尽或调用前已取消：只产生一个 error 事件", { timeout: 1_000 }, async () => {
