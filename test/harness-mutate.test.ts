@@ -34,6 +34,7 @@ test("mutate 的判定测试：引入文件的章与之后扩展它的每一章�
       assert.deepEqual(target.chapters, teaching.map((t) => t.id), target.file);
       assert.ok(target.chapters.includes(c.id));
       assert.deepEqual(target.tests, teaching.map((t) => t.focusedTest.replace(`${PACKAGE}/test/`, `${PACKAGE}/dist/test/`).replace(/\.ts$/, ".js")));
+      assert.equal(target.expectedTests, teaching.reduce((sum, t) => sum + t.labs.reduce((s, l) => s + l.count, 0), 0));
     }
   }
   // A file several chapters teach: the same judges whichever of them is named, by base name or package path.
@@ -52,7 +53,7 @@ test("mutate 的判定测试：引入文件的章与之后扩展它的每一章�
 });
 
 test("Stryker 8.7 的选项：command 运行器跑编译后的聚焦测试，没有 checker，不做类型检查，tsconfigFile 指向不存在的文件", () => {
-  const target: MutationTarget = { file: `${PACKAGE}/src/agent-loop.ts`, chapters: ["07", "09"], tests: [`${PACKAGE}/dist/test/07-agent-loop.test.js`, `${PACKAGE}/dist/test/09-stateful-agent.test.js`] };
+  const target: MutationTarget = { file: `${PACKAGE}/src/agent-loop.ts`, chapters: ["07", "09"], tests: [`${PACKAGE}/dist/test/07-agent-loop.test.js`, `${PACKAGE}/dist/test/09-stateful-agent.test.js`], expectedTests: 21 };
   const options = strykerOptions(target, ["/opt/my tsc"], "/r/agent-loop", 2);
   assert.equal(options.testRunner, "command");
   assert.deepEqual(options.checkers, []);
@@ -65,8 +66,9 @@ test("Stryker 8.7 的选项：command 运行器跑编译后的聚焦测试，没
   assert.equal(options.buildCommand, `'/opt/my tsc' -p ${PACKAGE}/tsconfig.json`);
   assert.ok(options.commandRunner?.command?.endsWith(` ${RUNNER}`));
   assert.equal(options.jsonReporter?.fileName, "/r/agent-loop.stryker.json");
-  assert.equal(runnerSource(target.tests).split("\n").filter((l) => l.startsWith("await import(")).join("\n"),
-    `await import("./${target.tests[0]}");\nawait import("./${target.tests[1]}");`);
+  // Static imports: node:test must see every file's tests before it starts running the first ones.
+  assert.equal(runnerSource(target.tests).split("\n").filter((l) => l.startsWith("import ")).join("\n"),
+    `import "./${target.tests[0]}";\nimport "./${target.tests[1]}";`);
 });
 
 test("得分与存活行：杀死 + 超时 除以有效变异体，存活的写成 file:line  原文 → 变异", () => {
@@ -81,7 +83,7 @@ test("得分与存活行：杀死 + 超时 除以有效变异体，存活的写�
     result("4", "CompileError", at(3, 10, 11), "-a"),
     result("5", "Survived", at(1, 38, 38), "{}"),
   ];
-  const target: MutationTarget = { file: `${PACKAGE}/src/f.ts`, chapters: ["04"], tests: [] };
+  const target: MutationTarget = { file: `${PACKAGE}/src/f.ts`, chapters: ["04"], tests: [], expectedTests: 0 };
   const score = scoreFile(target, results, source);
   assert.equal(score.mutants, 5);
   assert.equal(score.killed, 1);
@@ -148,7 +150,7 @@ test("一次真正的 Stryker 运行（五行的小文件）：测试漏掉的�
   await fs.ensureSymlink(path.join(REPO, "node_modules"), path.join(root, "node_modules"), "dir");
   const work = path.join(scratch, "work");
   await fs.ensureDir(work);
-  const target: MutationTarget = { file: `${PACKAGE}/src/clamp.ts`, chapters: ["01"], tests: [`${PACKAGE}/dist/test/01-clamp.test.js`] };
+  const target: MutationTarget = { file: `${PACKAGE}/src/clamp.ts`, chapters: ["01"], tests: [`${PACKAGE}/dist/test/01-clamp.test.js`], expectedTests: 1 };
   // Stryker runs in a process of its own (it changes directory and keeps handles open while it works).
   const program = [
     `import { mutateOne, formatFileScore } from ${JSON.stringify(path.join(REPO, "scripts", "model", "mutate.ts"))};`,
@@ -168,4 +170,11 @@ test("一次真正的 Stryker 运行（五行的小文件）：测试漏掉的�
   assert.ok(score.score > 0 && score.score < 100, text);
   assert.ok(fs.existsSync(path.join(scratch, "report.html")), "应写出 Stryker 的 HTML 报告");
   assert.deepEqual((await fs.readdir(work)).filter((n) => n.startsWith(".stryker-tmp")).flatMap((n) => fs.readdirSync(path.join(work, n))), [], "Stryker 的沙箱应被清理");
+
+  // The manifests say two tests, the file has one: the initial run fails instead of scoring a partial run.
+  const miscounted = program.replace(JSON.stringify(target), JSON.stringify({ ...target, expectedTests: 2 })).replace(JSON.stringify(work), JSON.stringify(`${work}-2`));
+  await fs.ensureDir(`${work}-2`);
+  const refused = await run(process.execPath, ["--import", "tsx", "--input-type=module", "-e", miscounted], { cwd: REPO, timeoutMs: 180_000 });
+  assert.notEqual(refused.code, 0, refused.stdout);
+  assert.match(`${refused.stdout}\n${refused.stderr}`, /Stryker 没能跑完/);
 });

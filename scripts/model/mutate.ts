@@ -11,20 +11,22 @@ import path from "node:path";
 import fs from "fs-extra";
 import type { Stryker } from "@stryker-mutator/core";
 import { CourseError } from "./cli.js";
-import type { Checkpoint } from "./manifest.js";
+import { type Checkpoint, totalTests } from "./manifest.js";
 import { PACKAGE_DIR, ROOT, inTree } from "./paths.js";
 import { compiledTest, findTsc } from "./tests.js";
 
 export type StrykerOptions = ConstructorParameters<typeof Stryker>[0];
 export type MutantResult = Awaited<ReturnType<Stryker["runMutationTest"]>>[number];
 
-/** One file to mutate and the chapters whose focused tests judge it. */
-export interface MutationTarget { file: string; chapters: string[]; tests: string[] }
+/** One file to mutate, the chapters whose focused tests judge it, and how many tests those files hold. */
+export interface MutationTarget { file: string; chapters: string[]; tests: string[]; expectedTests: number }
 
 /** Never exists: keeps Stryker's tsconfig preprocessor (TypeScript compiler API) from running. */
 export const NO_TSCONFIG = "stryker-no-tsconfig.json";
 /** The runner script written into the work tree: imports the compiled focused tests into one node process. */
 export const RUNNER = "pi-course-mutate-run.mjs";
+/** Its reporter: fails the run when fewer (or more) tests ran than the manifests count. */
+export const RUNNER_REPORTER = "pi-course-mutate-reporter.mjs";
 
 /**
  * The files of chapter `c` (or just `file`: a repository path, a path below packages/pi-course, or a base name),
@@ -42,7 +44,10 @@ export function mutationTargets(checkpoints: Checkpoint[], c: Checkpoint, file?:
   }
   return files.map((f) => {
     const teaching = checkpoints.filter((other) => other.teachingFiles.includes(f));
-    return { file: f, chapters: teaching.map((t) => t.id), tests: teaching.map((t) => compiledTest(t.focusedTest)) };
+    return {
+      file: f, chapters: teaching.map((t) => t.id), tests: teaching.map((t) => compiledTest(t.focusedTest)),
+      expectedTests: teaching.reduce((sum, t) => sum + totalTests(t), 0),
+    };
   });
 }
 
@@ -60,11 +65,39 @@ export function allTargets(checkpoints: Checkpoint[]): MutationTarget[] {
   return targets;
 }
 
-/** The runner: each compiled test file imported in turn; node:test sets a failing exit code when any test fails. */
+/**
+ * The runner: the compiled test files as static imports of one module, so node:test sees every file's tests
+ * before it starts (a file imported after the first ones have run would be silently left out); node:test sets a
+ * failing exit code when any test fails.
+ */
 export function runnerSource(tests: string[]): string {
   return [
     "// Written by npm run mutate: the focused tests of the chapters that teach the mutated file, in one process.",
-    ...tests.map((t) => `await import(${JSON.stringify(`./${t}`)});`),
+    ...tests.map((t) => `import ${JSON.stringify(`./${t}`)};`),
+    "",
+  ].join("\n");
+}
+
+/** The reporter: counts finished top-level tests; a count other than `expected` fails the run (and says so). */
+export function reporterSource(expected: number): string {
+  return [
+    "// Written by npm run mutate: a run where not every focused test ran is a failed run, never a survivor.",
+    "export default async function* report(source) {",
+    "  let ran = 0;",
+    "  let failed = 0;",
+    "  for await (const event of source) {",
+    "    // The root's plan comes last; act on it (with --test-force-exit the process may end right after it).",
+    '    if (event.type === "test:plan" && event.data.nesting === 0) {',
+    `      if (ran !== ${expected}) { process.exitCode = 1; yield \`应运行 ${expected} 个测试，实际运行了 \${ran} 个\\n\`; }`,
+    "      yield `${ran} tests, ${failed} failed\\n`;",
+    "      continue;",
+    "    }",
+    '    if ((event.type !== "test:pass" && event.type !== "test:fail") || event.data.nesting !== 0) continue;',
+    "    if (event.data.skip !== undefined || event.data.todo !== undefined) continue;",
+    "    ran += 1;",
+    '    if (event.type === "test:fail") { failed += 1; yield `not ok ${event.data.name}\\n`; }',
+    "  }",
+    "}",
     "",
   ].join("\n");
 }
@@ -74,7 +107,7 @@ export function strykerOptions(target: MutationTarget, tsc: string[], reportBase
   const quote = (part: string): string => (/^[\w./@:=+-]+$/.test(part) ? part : `'${part.replace(/'/g, "'\\''")}'`);
   return {
     testRunner: "command",
-    commandRunner: { command: `${quote(process.execPath)} --test-force-exit --test-reporter=dot ${RUNNER}` },
+    commandRunner: { command: `${quote(process.execPath)} --test-force-exit --test-reporter=./${RUNNER_REPORTER} --test-reporter-destination=stdout ${RUNNER}` },
     buildCommand: [...tsc, "-p", `${PACKAGE_DIR}/tsconfig.json`].map(quote).join(" "),
     mutate: [target.file],
     checkers: [],
@@ -188,6 +221,7 @@ export async function prepareWorkTree(dir: string, target: MutationTarget, root 
     throw new CourseError("还没有安装 StrykerJS：在课程仓库根目录运行 npm install（它是作者用的 devDependency，练习目录里没有）。");
   await fs.ensureSymlink(modules, path.join(dir, "node_modules"), "dir");
   await fs.writeFile(path.join(dir, RUNNER), runnerSource(target.tests));
+  await fs.writeFile(path.join(dir, RUNNER_REPORTER), reporterSource(target.expectedTests));
 }
 
 /** Runs Stryker on one target of the checkout `root` inside `dir` (an empty folder) and scores it. */
