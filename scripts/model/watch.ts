@@ -7,6 +7,7 @@
 // build is done, and the next one starts as soon as a run is over, so it is ready long before the next save.
 import { type ChildProcess, spawn } from "node:child_process";
 import fs from "node:fs"; // not fs-extra: the lab loop loads these modules on every run
+import { trackChild } from "./cleanup.js";
 import { CourseError } from "./cli.js";
 import { labPattern } from "./manifest.js";
 import { type ChapterSpec, type LabReport, checkLab, focusedCompiled, judgeLab } from "./labs.js";
@@ -66,9 +67,10 @@ export function startLabWatch(root: string, spec: ChapterSpec, lab?: string): La
   const builds: WatchBuild[] = [];
   let wake: (() => void) | undefined;
   let exited: string | undefined;
-  const child: ChildProcess = spawn(tsc.command, [...tsc.args, "--watch", "--preserveWatchOutput", "--pretty", "false", "-p", inTree(root, `${PACKAGE_DIR}/tsconfig.json`)], {
+  // Tracked: any way out of lab (Ctrl-C, SIGTERM, the npm above us going away) also ends tsc.
+  const child: ChildProcess = trackChild(spawn(tsc.command, [...tsc.args, "--watch", "--preserveWatchOutput", "--pretty", "false", "-p", inTree(root, `${PACKAGE_DIR}/tsconfig.json`)], {
     cwd: root, stdio: ["ignore", "pipe", "pipe"],
-  });
+  }));
   const feed = watchOutputParser((build) => {
     // Saves that come faster than builds: only the newest build matters.
     builds.splice(0, builds.length, build);
@@ -81,7 +83,6 @@ export function startLabWatch(root: string, spec: ChapterSpec, lab?: string): La
   child.on("error", (error) => ended(`无法启动 tsc --watch：${error.message}`));
   child.on("exit", (code, signal) => ended(`tsc --watch 意外结束（${signal ?? `退出码 ${code}`}）${stderr.trim() ? `：\n${firstLines(stderr, 10)}` : ""}`));
   const stop = (): void => { if (child.exitCode === null && child.signalCode === null) child.kill(); };
-  process.once("exit", stop);
 
   let tests: TestProcess = prepareTests(root, file, options);
   let closed = false;
@@ -111,7 +112,6 @@ export function startLabWatch(root: string, spec: ChapterSpec, lab?: string): La
       closed = true;
       tests.cancel();
       stop();
-      process.removeListener("exit", stop);
     },
   };
 }
