@@ -17,6 +17,11 @@ const root = path.dirname(scriptsDir);
 const [command, ...args] = process.argv.slice(2);
 
 if (!command || !/^[a-z][a-z-]*$/.test(command) || !fs.existsSync(path.join(scriptsDir, `${command}.ts`))) {
+  // A practice folder's copy of scripts/ leaves the author tools out (see scripts/model/practice-tree.ts).
+  if (/^(bench|mutate)/.test(command ?? "") && fs.existsSync(path.join(root, "pi-practice.json"))) {
+    console.error(`${command} 是课程作者用的命令，只在课程仓库里有；练习目录里用 npm run lab -w @pi/course -- <章.lab>。`);
+    process.exit(2);
+  }
   const known = fs.readdirSync(scriptsDir).filter((name) => name.endsWith(".ts")).map((name) => name.slice(0, -3));
   console.error(`用法：node scripts/launch.js <命令> [参数…]；命令是 scripts/ 下的一个文件名：${known.join("、")}`);
   process.exit(2);

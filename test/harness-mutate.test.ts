@@ -125,6 +125,10 @@ test("练习目录不带作者依赖：package.json 与 package-lock.json 里没
   assert.doesNotMatch(givenLock, /@stryker-mutator/);
   assert.equal(fs.existsSync(path.join(dest, "scripts", "mutate.ts")), false);
   assert.equal(fs.existsSync(path.join(dest, "scripts", "model", "mutate.ts")), false);
+  // The package script is there (it comes with the history), the tool is not: one line that says where it lives.
+  const refused = await run(process.execPath, ["scripts/launch.js", "mutate", "01"], { cwd: dest });
+  assert.equal(refused.code, 2);
+  assert.match(refused.stderr, /^mutate 是课程作者用的命令，只在课程仓库里有/);
 });
 
 test("一次真正的 Stryker 运行（五行的小文件）：测试漏掉的上界分支存活，并以 file:line 列出", async () => {
