@@ -15,7 +15,6 @@ import { faultLine, readFaultsDone, tamperedTests } from "./model/practice-state
 import { type PracticeManifest, faultCommand, readPracticeManifest } from "./model/practice-tree.js";
 import { quotePath } from "./model/quote.js";
 import { recordProgress } from "./model/progress.js";
-import { startLabWatch } from "./model/watch.js";
 
 const USAGE = "用法：npm run lab -w @pi/course -- <章.lab | 章> [--watch] [--strict] [--coverage]   例如 13.1（只跑 Lab 13.1）或 13（全章验收）；保留测试：在课程仓库里 npm run lab -w @pi/course -- 14 --held-out --dir <练习目录>";
 
@@ -196,6 +195,8 @@ await main(async (args) => {
   if (!watch) return (await once(parsed.id, parsed.lab)) ? 0 : redExit(strict);
 
   // Warm loop: a resident `tsc --watch` notices each save and a pre-started test process runs the lab (watch.ts).
+  // Loaded only here: the cold path does not pay for the watch module.
+  const { startLabWatch } = await import("./model/watch.js");
   const watcher = startLabWatch(ROOT, chapterSpec(parsed.id), parsed.lab);
   for (const signal of ["SIGINT", "SIGTERM", "SIGHUP"] as const) process.once(signal, () => { watcher.close(); process.exit(130); });
   for (;;) {
