@@ -17,7 +17,7 @@ import { ensureHistory } from "./model/history.js";
 import { PACKAGE_DIR, ROOT, inTree } from "./model/paths.js";
 import { compiledTest } from "./model/tests.js";
 import { linkNodeModules, makeTempDir } from "./model/trees.js";
-import { removeOnExit, trackChild } from "./model/cleanup.js";
+import { atExit, removeOnExit } from "./model/cleanup.js";
 
 const USAGE = "用法：npm run bench [-- --chapter NN] [--runs N] [--practice-runs N] [--saves N] [--no-verify] [--stream-only]";
 /** Seconds. verify: 5 min for the course's 24 checkpoints. */
@@ -82,7 +82,9 @@ async function watchLoop(folder: string, teaching: string, lab: string, saves: n
   const env: NodeJS.ProcessEnv = { ...process.env, NO_COLOR: "1" };
   for (const key of Object.keys(env)) if (/^npm_/i.test(key)) delete env[key];
   delete env.NODE_OPTIONS;
-  const child: ChildProcess = trackChild(spawn(process.execPath, ["scripts/launch.js", "lab", lab, "--watch"], { cwd: folder, env, stdio: ["ignore", "pipe", "pipe"] }));
+  // A process group of its own: if the bench is stopped, lab, its tsc --watch and its test process all go with it.
+  const child: ChildProcess = spawn(process.execPath, ["scripts/launch.js", "lab", lab, "--watch"], { cwd: folder, env, stdio: ["ignore", "pipe", "pipe"], detached: true });
+  const forgetGroup = atExit(() => { try { process.kill(-child.pid!, "SIGKILL"); } catch { /* already gone */ } });
   const verdict = new RegExp(`^Lab ${lab.replace(".", "\\.")}: \\d+/\\d+$`, "m");
   let out = "";
   let err = "";
@@ -121,6 +123,7 @@ async function watchLoop(folder: string, teaching: string, lab: string, saves: n
     const gone = new Promise((resolve) => child.once("exit", resolve));
     child.kill("SIGTERM");
     await gone;
+    forgetGroup();
   }
   return result;
 }
