@@ -120,9 +120,11 @@ async function watchLoop(folder: string, teaching: string, lab: string, saves: n
       if (phases) { result.buildMs.push(Number(phases[1])); result.testMs.push(Number(phases[2])); }
     }
   } finally {
-    const gone = new Promise((resolve) => child.once("exit", resolve));
-    child.kill("SIGTERM");
-    await gone;
+    if (child.exitCode === null && child.signalCode === null) {
+      const gone = new Promise((resolve) => child.once("exit", resolve));
+      child.kill("SIGTERM");
+      await gone;
+    }
     forgetGroup();
   }
   return result;
