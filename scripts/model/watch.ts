@@ -26,7 +26,7 @@ export interface WatchBuild { errors: number; output: string; ms: number }
  * Splits tsc's watch output into finished builds. Feed it chunks as they arrive; it calls `done` once per build,
  * with the diagnostics printed since the previous build (time stamps and status lines removed).
  */
-export function watchOutputParser(done: (build: WatchBuild) => void, now: () => number = Date.now): (chunk: string) => void {
+export function watchOutputParser(done: (build: WatchBuild) => void, now: () => number = Date.now, onStart: () => void = () => {}): (chunk: string) => void {
   let pending = "";
   let output: string[] = [];
   let started = now();
@@ -42,7 +42,7 @@ export function watchOutputParser(done: (build: WatchBuild) => void, now: () => 
         output = [];
         continue;
       }
-      if (BUILD_START.test(line)) { started = now(); output = []; continue; }
+      if (BUILD_START.test(line)) { started = now(); output = []; onStart(); continue; }
       if (/Starting compilation in watch mode/.test(line) || line.trim() === "") continue;
       output.push(line);
     }
@@ -71,11 +71,13 @@ export function startLabWatch(root: string, spec: ChapterSpec, lab?: string): La
   const child: ChildProcess = trackChild(spawn(tsc.command, [...tsc.args, "--watch", "--preserveWatchOutput", "--pretty", "false", "-p", inTree(root, `${PACKAGE_DIR}/tsconfig.json`)], {
     cwd: root, stdio: ["ignore", "pipe", "pipe"],
   }));
+  // Builds tsc has started so far: a result whose build is no longer the newest is stale and is not shown.
+  let generation = 0;
   const feed = watchOutputParser((build) => {
     // Saves that come faster than builds: only the newest build matters.
     builds.splice(0, builds.length, build);
     wake?.();
-  });
+  }, Date.now, () => { generation += 1; });
   child.stdout!.setEncoding("utf8").on("data", feed);
   let stderr = "";
   child.stderr!.setEncoding("utf8").on("data", (chunk: string) => { stderr += chunk; });
@@ -89,24 +91,32 @@ export function startLabWatch(root: string, spec: ChapterSpec, lab?: string): La
   return {
     get alive() { return exited === undefined; },
     async next() {
-      while (builds.length === 0) {
-        if (exited) throw new CourseError(exited);
-        await new Promise<void>((resolve) => { wake = resolve; });
-        wake = undefined;
+      for (;;) {
+        while (builds.length === 0) {
+          if (exited) throw new CourseError(exited);
+          await new Promise<void>((resolve) => { wake = resolve; });
+          wake = undefined;
+        }
+        const build = builds.shift()!;
+        const mine = generation;
+        if (build.errors > 0 || !fs.existsSync(inTree(root, file))) {
+          // An editor that truncates before it writes gives tsc a half-written file first; if another build starts
+          // right after, this error was about that moment, not about the saved file. The waiting process stays.
+          await new Promise((resolve) => setTimeout(resolve, 150));
+          if (generation !== mine || builds.length > 0) continue;
+          if (build.errors === 0) throw new CourseError(`构建后仍找不到 ${file}。`);
+          throw new CourseError(`构建失败（tsc）：先修好下面的类型错误，保存后会自动重跑。\n${firstLines(build.output, 30)}`);
+        }
+        const running = tests;
+        const started = Date.now();
+        const outcomes = await running.go();
+        const testMs = Date.now() - started;
+        // The next save's test process boots now, while the learner reads this verdict.
+        if (!closed) tests = prepareTests(root, file, options);
+        // A newer build started while these tests ran: its verdict is the one to show.
+        if (generation !== mine) continue;
+        return judgeLab(spec, lab, file, outcomes, build.ms, testMs);
       }
-      const build = builds.shift()!;
-      if (build.errors > 0 || !fs.existsSync(inTree(root, file))) {
-        // The waiting process stays: it is still fresh for the build that fixes the error.
-        if (build.errors === 0) throw new CourseError(`构建后仍找不到 ${file}。`);
-        throw new CourseError(`构建失败（tsc）：先修好下面的类型错误，保存后会自动重跑。\n${firstLines(build.output, 30)}`);
-      }
-      const running = tests;
-      const started = Date.now();
-      const outcomes = await running.go();
-      const testMs = Date.now() - started;
-      // The next save's test process boots now, while the learner reads this verdict.
-      if (!closed) tests = prepareTests(root, file, options);
-      return judgeLab(spec, lab, file, outcomes, build.ms, testMs);
     },
     close() {
       closed = true;
