@@ -12,6 +12,10 @@
 // 第 15 章起，每次请求之前循环先对一次账：transcript 重放出的工具清单（模型上次看见的）
 // 与注册表此刻的 definitions() 不同，就在末尾追加一条只含差别的 system 补丁。
 // 于是“模型看见过哪些工具”和其他事实一样写在 transcript 里，重放即可得到。
+//
+// 第 18 章：每次请求之前可以经过一个 prepareRequest 钩子。钩子看到这次请求的 context、
+// 配置的模型和请求原因（user / continuation / retry），可以换一个模型、给一个思考强度；
+// 它不能替换 messages。钩子抛错和模型失败走同一条路：变成一条 error assistant。
 
 import {
   executeToolCall,
@@ -30,8 +34,10 @@ import {
   type AssistantMessage,
   type Model,
   type ModelEvent,
+  type ModelStreamOptions,
   type SystemMessage,
   type TextContent,
+  type ThinkingLevel,
   type ToolCall,
   type ToolResultMessage,
   type UserMessage,
@@ -70,9 +76,62 @@ export interface AgentLoopOptions {
   takeSteeringMessages?(): UserMessage[];
   /** 第 09 章：取走（并清空）排队的 follow-up 消息；只在纯文本自然 stop 之后调用。 */
   takeFollowUpMessages?(): UserMessage[];
+  /** 第 18 章：每次模型请求之前调用；可以换模型、给思考强度。 */
+  prepareRequest?: PrepareRequestHook;
 }
 
 const DEFAULT_MAX_STEPS = 32;
+
+// ---------------------------------------------------------------------------
+// 第 18 章 · 请求钩子
+// ---------------------------------------------------------------------------
+
+/** 这次请求为什么发生：新的用户输入、工具结果之后的继续，还是重发一次失败的回复。 */
+export type RequestReason = "user" | "continuation" | "retry";
+
+/** 交给钩子的一次请求。context 就是将要发给模型的那个对象；failed 只在 retry 时出现。 */
+export interface AgentRequest {
+  context: AgentContext;
+  model: Model;
+  reason: RequestReason;
+  failed?: AssistantMessage;
+}
+
+/** 钩子的答复：两项都可省略；省略 model 就用配置的模型，省略 thinkingLevel 就不传这个选项。 */
+export interface PreparedRequest {
+  model?: Model;
+  thinkingLevel?: ThinkingLevel;
+}
+
+export type PrepareRequestHook = (
+  request: AgentRequest,
+  signal?: AbortSignal,
+) => PreparedRequest | undefined | void | Promise<PreparedRequest | undefined | void>;
+
+/**
+ * 从 transcript 的末尾判断请求原因。
+ * - 最后一条 assistant 之后出现过 user（或者根本没有 assistant）→ user；
+ * - 最后一条 assistant 以 error / aborted 结束，之后只有 system 补丁或什么都没有 → retry，并交出那条失败回复；
+ * - 其余（典型是工具结果之后）→ continuation。
+ * system 消息不算“之后发生的事”：第 15 章的工具补丁就排在请求之前。
+ */
+export function requestReason(messages: readonly AgentMessage[]): { reason: RequestReason; failed?: AssistantMessage } {
+  let last = -1;
+  for (let index = messages.length - 1; index >= 0; index -= 1) {
+    if (messages[index]!.role === "assistant") {
+      last = index;
+      break;
+    }
+  }
+  if (last < 0) return { reason: "user" };
+  const after = messages.slice(last + 1).filter((message) => message.role !== "system");
+  if (after.some((message) => message.role === "user")) return { reason: "user" };
+  const assistant = messages[last] as AssistantMessage;
+  if (after.length === 0 && (assistant.stopReason === "error" || assistant.stopReason === "aborted")) {
+    return { reason: "retry", failed: assistant };
+  }
+  return { reason: "continuation" };
+}
 
 /** 跳过一个工具调用的原因，会写进 toolResult.details.reason。 */
 type SkipReason = "length" | "error" | "aborted" | "unexpected-stop";
@@ -156,6 +215,7 @@ export async function runAgentLoop(options: AgentLoopOptions): Promise<AgentRunR
  * 每个模型事件原样转发，最终消息取自 stream.result()（失败也以消息的形式返回）。
  * 第 09 章：stream() 同步抛出、迭代中抛出、result() 拒绝，都变成一条空内容的 assistant：
  * signal 已取消时记为 aborted，否则记为 error，异常文字写进 errorMessage。
+ * 第 18 章：有钩子时先问钩子，钩子抛错也落进同一个 catch；没有钩子就不多等一次 await。
  */
 async function collectModelTurn(
   options: AgentLoopOptions,
@@ -163,10 +223,15 @@ async function collectModelTurn(
   emit: (event: LoopEvent) => void,
 ): Promise<AssistantMessage> {
   try {
-    const stream = options.model.stream(
-      { messages, tools: options.tools.definitions() },
-      { signal: options.signal },
-    );
+    const context: AgentContext = { messages, tools: options.tools.definitions() };
+    let model = options.model;
+    const streamOptions: ModelStreamOptions = { signal: options.signal };
+    if (options.prepareRequest !== undefined) {
+      const prepared = await prepareModelRequest(options.prepareRequest, context, options.model, options.signal);
+      if (prepared.model !== undefined) model = prepared.model;
+      if (prepared.thinkingLevel !== undefined) streamOptions.thinkingLevel = prepared.thinkingLevel;
+    }
+    const stream = model.stream(context, streamOptions);
     for await (const event of stream) emit({ type: "model_event", event });
     // 模型可能还握着这条消息：transcript 里放自己的副本。
     return structuredClone(await stream.result());
@@ -197,6 +262,25 @@ export function declareToolChanges(messages: readonly AgentMessage[], tools: Too
   if (changes.toolsAdded.length > 0) patch.toolsAdded = changes.toolsAdded;
   if (changes.toolsRemoved.length > 0) patch.toolsRemoved = changes.toolsRemoved;
   return patch;
+}
+
+/** 问一次钩子，并检查它的答复是不是一个形状正确的 PreparedRequest。 */
+async function prepareModelRequest(
+  hook: PrepareRequestHook,
+  context: AgentContext,
+  model: Model,
+  signal: AbortSignal | undefined,
+): Promise<PreparedRequest> {
+  const { reason, failed } = requestReason(context.messages);
+  const request: AgentRequest = { context, model, reason };
+  if (failed !== undefined) request.failed = failed;
+  const prepared = await hook(request, signal);
+  if (prepared === undefined || prepared === null) return {};
+  if (typeof prepared !== "object") throw new Error("prepareRequest 必须返回一个对象或 undefined");
+  if (prepared.model !== undefined && typeof prepared.model?.stream !== "function") {
+    throw new Error("prepareRequest 返回的 model 没有 stream() 方法");
+  }
+  return prepared;
 }
 
 /** assistant 内容里的工具调用，保持内容顺序。 */

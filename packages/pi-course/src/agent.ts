@@ -6,7 +6,7 @@
 // 单次 run 里的模型回合与工具批次仍由 runAgentLoop() 负责，Agent 只做编排。
 
 import { runAgentLoop } from "./agent-loop.js";
-import type { AgentRunResult, LoopEvent } from "./agent-loop.js";
+import type { AgentRunResult, LoopEvent, PrepareRequestHook } from "./agent-loop.js";
 import type { ToolExecutor, ToolRegistry } from "./tool.js";
 import { assistantMessage, currentSystemPrompt, userMessage } from "./types.js";
 import type { AgentMessage, Model, SystemMessage, UserMessage } from "./types.js";
@@ -21,6 +21,8 @@ export interface AgentOptions {
   /** 非空时成为 transcript 的第一条 system 消息；恢复的历史已以 system 开头时不再插入。 */
   systemPrompt?: string;
   maxSteps?: number;
+  /** 第 18 章：原样交给每一次 run 的循环，在每次模型请求之前调用。 */
+  prepareRequest?: PrepareRequestHook;
 }
 
 /** prompt() 的附加选项：system 补丁会紧挨着本轮 user 消息写进 transcript。 */
@@ -195,6 +197,7 @@ export class Agent {
         signal: run.controller.signal,
         maxSteps: this.options.maxSteps,
         executeToolCall: this.options.toolExecutor,
+        prepareRequest: this.options.prepareRequest,
         takeSteeringMessages: () => run.steering.splice(0),
         takeFollowUpMessages: () => run.followUps.splice(0),
         onEvent: (event) => {

@@ -6,9 +6,13 @@
 // - system 状态何时需要一条补丁；
 // - 一轮结束后按什么顺序把新消息写进 Session Store，失败之后怎么办；
 // - 三种输出 Mode 怎样消费同一个 Runtime。
+//
+// 第 18 章：Runtime 可以带一个请求钩子（RuntimePrepareRequest）。钩子除了请求本身，
+// 还拿到一个会话视图：读当前分支，把要记下的 metadata 先放进缓冲，等本轮消息落盘之后再追加。
+// 钩子换来的模型也经过同一个 context projection，所以路由不会绕开预算。
 
 import { Agent, type AgentEvent, type AgentState, type PromptOptions } from "./agent.js";
-import type { AgentRunResult } from "./agent-loop.js";
+import type { AgentRequest, AgentRunResult, PrepareRequestHook, PreparedRequest } from "./agent-loop.js";
 import { buildContext } from "./context.js";
 import {
   RESOURCE_SECTION,
@@ -16,7 +20,14 @@ import {
   type ExtensionHost,
   type ResourceCatalog,
 } from "./resources.js";
-import { pathTo, type MessageSessionEntry, type SessionEntry, type SessionStore } from "./session.js";
+import {
+  pathTo,
+  type JsonValue,
+  type MessageSessionEntry,
+  type MetadataSessionEntry,
+  type SessionEntry,
+  type SessionStore,
+} from "./session.js";
 import { executeToolCall, type ToolExecutor, type ToolRegistry } from "./tool.js";
 import {
   currentSystemMessage,
@@ -25,6 +36,7 @@ import {
   type AgentMessage,
   type Model,
   type ModelStream,
+  type ModelStreamOptions,
 } from "./types.js";
 
 // ---------------------------------------------------------------------------
@@ -56,6 +68,21 @@ export interface SystemSectionProvider {
   sections(): Promise<Record<string, string>> | Record<string, string>;
 }
 
+/**
+ * 第 18 章：钩子眼里的会话。branch() 是已提交的当前分支，再接上本轮已经 record、还没落盘的 metadata；
+ * record() 只把一份深副本放进缓冲，本轮消息全部追加之后才写进 Store。
+ */
+export interface RuntimeRequestSession {
+  branch(): readonly SessionEntry[];
+  record(key: string, value: JsonValue): void;
+}
+
+export type RuntimePrepareRequest = (
+  request: AgentRequest,
+  session: RuntimeRequestSession,
+  signal?: AbortSignal,
+) => PreparedRequest | undefined | void | Promise<PreparedRequest | undefined | void>;
+
 export interface RuntimeDeps {
   model: Model;
   tools: ToolRegistry;
@@ -66,6 +93,8 @@ export interface RuntimeDeps {
   sectionProviders?: readonly SystemSectionProvider[];
   createId(): string;
   now(): number;
+  /** 第 18 章：每次模型请求之前调用；返回的模型同样经过 context projection。 */
+  prepareRequest?: RuntimePrepareRequest;
 }
 
 /** 调用者能直接碰到的 Agent 能力。刻意没有 prompt：新请求只能从 Runtime.prompt() 进入。 */
@@ -86,6 +115,8 @@ export interface Runtime {
   prompt(value: string): Promise<AgentRunResult>;
   flush(): Promise<void>;
   dispose(): Promise<void>;
+  /** 第 18 章：排进 operation 队列，在当前 leaf 下追加一条 metadata entry。 */
+  appendMetadata?(key: string, value: JsonValue): Promise<void>;
 }
 
 /** 投影 adapter 每次 stream() 读取的视图：已提交的路径，以及其中 message entry 的个数。 */
@@ -172,7 +203,7 @@ export function createContextProjectingModel(
   getSnapshot: () => ContextProjectionSnapshot,
 ): Model {
   return {
-    stream(context: AgentContext, options?: { signal?: AbortSignal }): ModelStream {
+    stream(context: AgentContext, options?: ModelStreamOptions): ModelStream {
       // 每次都重新读：同一个 run 的第二次请求、下一次 prompt 都要看到最新的 leaf。
       const snapshot = getSnapshot();
       const count = snapshot.persistedMessageCount;
@@ -189,8 +220,11 @@ export function createContextProjectingModel(
       });
       const request: AgentContext = { messages: copy(projected.messages) };
       if (context.tools !== undefined) request.tools = copy(context.tools);
-      // 取消链要贯穿到 provider，所以 signal 原样传递，不复制。
-      return inner.stream(request, options?.signal === undefined ? {} : { signal: options.signal });
+      // 取消链要贯穿到 provider，所以 signal 原样传递，不复制；第 18 章的思考强度只在给出时才传。
+      const forwarded: ModelStreamOptions = {};
+      if (options?.signal !== undefined) forwarded.signal = options.signal;
+      if (options?.thinkingLevel !== undefined) forwarded.thinkingLevel = options.thinkingLevel;
+      return inner.stream(request, forwarded);
     },
   };
 }
@@ -261,6 +295,10 @@ class RuntimeImpl implements Runtime {
   private persistedMessageCount: number;
   private activeLeafId: string | null;
 
+  // 第 18 章：本轮钩子 record 下、尚未落盘的 metadata；以及钩子换来的模型各自的投影包装。
+  private pendingMetadata: { key: string; value: JsonValue }[] = [];
+  private readonly projected = new WeakMap<Model, Model>();
+
   private operationTail: Promise<void> = Promise.resolve();
   private poisoned = false;
   private poisonCause: unknown;
@@ -279,10 +317,31 @@ class RuntimeImpl implements Runtime {
     this.persistedMessageCount = initialMessages.length;
     this.activeLeafId = this.activePath.length === 0 ? null : this.activePath[this.activePath.length - 1]!.id;
 
-    const model = createContextProjectingModel(deps.model, config, () => ({
+    const snapshot = (): ContextProjectionSnapshot => ({
       activePath: this.activePath,
       persistedMessageCount: this.persistedMessageCount,
-    }));
+    });
+    const model = createContextProjectingModel(deps.model, config, snapshot);
+    // 钩子换来的模型也要看到同一份投影：按 inner 模型缓存包装，配置的模型本身已经包好。
+    const project = (inner: Model): Model => {
+      if (inner === model) return model;
+      let wrapped = this.projected.get(inner);
+      if (wrapped === undefined) {
+        wrapped = createContextProjectingModel(inner, config, snapshot);
+        this.projected.set(inner, wrapped);
+      }
+      return wrapped;
+    };
+    const runtimeHook = deps.prepareRequest;
+    const requestSession = runtimeHook === undefined ? undefined : this.createRequestSession();
+    const prepareRequest: PrepareRequestHook | undefined =
+      runtimeHook === undefined || requestSession === undefined
+        ? undefined
+        : async (request, signal) => {
+            const prepared = await runtimeHook(request, requestSession, signal);
+            if (prepared === undefined || prepared === null || prepared.model === undefined) return prepared;
+            return { ...prepared, model: project(prepared.model) };
+          };
     // 唯一的工具执行入口：core executor 与 Agent 看到的 schema 来自同一个 registry，
     // extension host（若有）包在它外面。
     const coreExecutor: ToolExecutor = (call, context) => executeToolCall(call, deps.tools, context);
@@ -295,6 +354,7 @@ class RuntimeImpl implements Runtime {
       toolExecutor,
       initialMessages,
       ...(config.maxSteps === undefined ? {} : { maxSteps: config.maxSteps }),
+      ...(prepareRequest === undefined ? {} : { prepareRequest }),
     });
     this.desiredSystem = desiredSystemState(config.systemPrompt, deps.resources);
     this.sectionProviders = [...(deps.sectionProviders ?? [])];
@@ -339,15 +399,71 @@ class RuntimeImpl implements Runtime {
     return this.disposal;
   }
 
+  /**
+   * 第 18 章：在当前 leaf 下追加一条 metadata（例如用户切换模型）。和 prompt 排在同一条队列里，
+   * 所以它落在前一轮全部消息之后、下一轮之前。
+   */
+  appendMetadata(key: string, value: JsonValue): Promise<void> {
+    if (this.closed) return Promise.reject(new Error("Runtime 已 dispose，不再接受新的 metadata"));
+    if (this.poisoned) return Promise.reject(this.poisonCause);
+    let snapshot: JsonValue;
+    try {
+      snapshot = copy(value);
+    } catch (error) {
+      return Promise.reject(error);
+    }
+    const operation = this.operationTail.then(async () => {
+      if (this.poisoned) throw this.poisonCause;
+      await this.appendEntry(this.metadataEntry(key, snapshot));
+    });
+    this.operationTail = operation.then(
+      () => undefined,
+      () => undefined,
+    );
+    return operation;
+  }
+
+  /**
+   * 钩子用的会话视图。branch() 每次都给一份新副本：已提交路径，后面接着本轮缓冲的 metadata
+   * （占位 id `__runtime_pending_<i>`，与路径上的 id 撞了就在前面加 `_`），同一轮的后续请求因此看得到前面的 record。
+   */
+  private createRequestSession(): RuntimeRequestSession {
+    return {
+      branch: () => {
+        const path: SessionEntry[] = copy(this.activePath);
+        const taken = new Set(path.map((entry) => entry.id));
+        let parentId: string | null = this.activeLeafId;
+        this.pendingMetadata.forEach((pending, index) => {
+          let id = `${PENDING_ID_PREFIX}${index}`;
+          while (taken.has(id)) id = `_${id}`;
+          taken.add(id);
+          // 占位 entry 还不是事实：timestamp 记 0，也不调用 now()。
+          path.push({ id, parentId, timestamp: 0, type: "metadata", key: pending.key, value: copy(pending.value) });
+          parentId = id;
+        });
+        return path;
+      },
+      record: (key, value) => {
+        if (typeof key !== "string" || key.trim() === "") throw new Error("metadata key 不能为空");
+        this.pendingMetadata.push({ key, value: copy(value) });
+      },
+    };
+  }
+
   /** 轮到这一项时才读取 before、计算补丁：排在后面的 prompt 必须看到前一轮已经写下的补丁。 */
   private async runAndPersist(value: string): Promise<AgentRunResult> {
     if (this.poisoned) throw this.poisonCause;
-    const desired = await this.currentDesiredSystem();
-    const before = this.agent.getState().messages;
-    const system = systemPatch(before, desired);
-    const result = await this.agent.prompt(value, system ? { system } : {});
-    await this.persist(result.messages.slice(before.length));
-    return copy(result);
+    this.pendingMetadata = [];
+    try {
+      const desired = await this.currentDesiredSystem();
+      const before = this.agent.getState().messages;
+      const system = systemPatch(before, desired);
+      const result = await this.agent.prompt(value, system ? { system } : {});
+      await this.persist(result.messages.slice(before.length));
+      return copy(result);
+    } finally {
+      this.pendingMetadata = [];
+    }
   }
 
   /** 第 17 章：固定的期望状态再并上各 provider 此刻交出的段落；provider 抛错时这次 prompt 失败，什么也不写。 */
@@ -360,6 +476,7 @@ class RuntimeImpl implements Runtime {
     return { content: this.desiredSystem.content, sections };
   }
 
+  /** 先追加本轮的消息 suffix，再追加钩子缓冲的 metadata；每条都在 Store 接受之后才推进 leaf。 */
   private async persist(suffix: readonly AgentMessage[]): Promise<void> {
     for (const message of suffix) {
       const entry: MessageSessionEntry = {
@@ -369,20 +486,33 @@ class RuntimeImpl implements Runtime {
         type: "message",
         message: copy(message),
       };
-      try {
-        await this.session.append(entry);
-      } catch (error) {
-        // 部分提交之后，内存与 Store 已不是同一个完成状态：从此拒绝一切，不重试。
-        this.poisoned = true;
-        this.poisonCause = error;
-        throw error;
-      }
-      this.activePath.push(copy(entry));
-      this.persistedMessageCount += 1;
-      this.activeLeafId = entry.id;
+      await this.appendEntry(entry);
+    }
+    for (const pending of this.pendingMetadata) {
+      await this.appendEntry(this.metadataEntry(pending.key, pending.value));
     }
   }
+
+  private metadataEntry(key: string, value: JsonValue): MetadataSessionEntry {
+    return { id: this.createId(), parentId: this.activeLeafId, timestamp: this.now(), type: "metadata", key, value: copy(value) };
+  }
+
+  private async appendEntry(entry: SessionEntry): Promise<void> {
+    try {
+      await this.session.append(entry);
+    } catch (error) {
+      // 部分提交之后，内存与 Store 已不是同一个完成状态：从此拒绝一切，不重试。
+      this.poisoned = true;
+      this.poisonCause = error;
+      throw error;
+    }
+    this.activePath.push(copy(entry));
+    if (entry.type === "message") this.persistedMessageCount += 1;
+    this.activeLeafId = entry.id;
+  }
 }
+
+const PENDING_ID_PREFIX = "__runtime_pending_";
 
 /** 组装唯一的 Agent 与它周围的对象图。恢复本身不写任何东西。 */
 export async function createRuntime(config: RuntimeConfig, deps: RuntimeDeps): Promise<Runtime> {

@@ -116,9 +116,18 @@ export interface ModelStream extends AsyncIterable<ModelEvent> {
   result(): Promise<AssistantMessage>;
 }
 
+/** 第 18 章：请求可以要求物理模型多想一会儿；不认识这个选项的模型可以忽略它。 */
+export type ThinkingLevel = "off" | "minimal" | "low" | "medium" | "high";
+
+/** 每次 stream() 的调用选项：取消信号，以及（第 18 章起）可选的思考强度。 */
+export interface ModelStreamOptions {
+  signal?: AbortSignal;
+  thinkingLevel?: ThinkingLevel;
+}
+
 /** 任何“模型”——脚本模型、真实 provider——都只需要这一个方法。 */
 export interface Model {
-  stream(context: AgentContext, options?: { signal?: AbortSignal }): ModelStream;
+  stream(context: AgentContext, options?: ModelStreamOptions): ModelStream;
 }
 
 // ---------------------------------------------------------------------------
