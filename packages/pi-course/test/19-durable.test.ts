@@ -1,0 +1,614 @@
+// 第 19 章聚焦测试：先提交，后可见——崩溃之后从记录本身接着做。
+// 运行：npm run build -w @pi/course && node --test packages/pi-course/dist/test/19-durable.test.js
+// 按实验过滤：node --test --test-name-pattern="Lab 19.1" packages/pi-course/dist/test/19-*.test.js
+
+import assert from "node:assert/strict";
+import test from "node:test";
+
+import {
+  DurableHarness,
+  DurableSession,
+  DurableStore,
+  StorageRejected,
+  type DurableToolRegistration,
+  type DurableWrite,
+  type EntryRecord,
+  type ReplayPolicy,
+  type TaskRecord,
+  type ToolTask,
+} from "../src/durable.js";
+import { AssistantMessageEventStream } from "../src/event-stream.js";
+import type { JsonValue } from "../src/session.js";
+import { objectSchema, stringValue, type Tool } from "../src/tool.js";
+import {
+  assistantMessage,
+  text,
+  textOf,
+  type AgentContext,
+  type AssistantMessage,
+  type Model,
+  type ModelStream,
+  type ToolCall,
+  type ToolResultMessage,
+} from "../src/types.js";
+
+// ---------------------------------------------------------------------------
+// 夹具
+// ---------------------------------------------------------------------------
+
+/** 只作挂起保护；断言从不依赖耗时。 */
+const HANG_GUARD = { timeout: 5_000 };
+
+interface Deferred<T> {
+  promise: Promise<T>;
+  resolve(value: T): void;
+}
+
+function deferred<T = void>(): Deferred<T> {
+  let resolve!: (value: T) => void;
+  const promise = new Promise<T>((done) => {
+    resolve = done;
+  });
+  return { promise, resolve };
+}
+
+/** 模型的一个回合：逐段吐出文字；hang 表示吐完之后既不结束也不理会 signal（进程就死在这里）。 */
+interface ManualTurn {
+  deltas: string[];
+  final?: AssistantMessage;
+  hang?: boolean;
+  throws?: string;
+}
+
+function reply(content: AssistantMessage["content"], stopReason: AssistantMessage["stopReason"] = "stop"): AssistantMessage {
+  return assistantMessage(content, stopReason, { provider: "manual", model: "manual-1", timestamp: 7 });
+}
+
+/** 手动的流式模型：每个 text_delta 带着到目前为止的部分输出。 */
+class ManualModel implements Model {
+  readonly requests: AgentContext[] = [];
+  readonly #turns: ManualTurn[];
+
+  constructor(turns: ManualTurn[]) {
+    this.#turns = turns;
+  }
+
+  stream(context: AgentContext): ModelStream {
+    this.requests.push(structuredClone(context));
+    const turn = this.#turns[this.requests.length - 1];
+    if (turn === undefined) throw new Error("ManualModel 没有更多回合");
+    if (turn.throws !== undefined) throw new Error(turn.throws);
+    const stream = new AssistantMessageEventStream();
+    queueMicrotask(() => {
+      const partial = reply([]);
+      stream.push({ type: "start", partial: structuredClone(partial) });
+      let sofar = "";
+      for (const delta of turn.deltas) {
+        sofar += delta;
+        partial.content = [text(sofar)];
+        stream.push({ type: "text_delta", contentIndex: 0, delta, partial: structuredClone(partial) });
+      }
+      if (turn.hang === true) return;
+      const final = turn.final ?? reply([text(sofar)]);
+      stream.push({ type: "done", reason: final.stopReason as "stop" | "toolUse", message: final });
+      stream.end(final);
+    });
+    return stream;
+  }
+}
+
+function echoCall(id: string, value: unknown): ToolCall {
+  return { type: "toolCall", id, name: "echo", arguments: { value } };
+}
+
+/** 一轮工具调用：先说一句话，再带着调用以 toolUse 结束。 */
+function callingTurn(...calls: ToolCall[]): ManualTurn {
+  return { deltas: ["Let me echo"], final: reply([text("Let me echo"), ...calls], "toolUse") };
+}
+
+interface Counting {
+  tool: Tool<{ value: string }>;
+  calls: { value: string }[];
+  /** 第 n 次调用开始时兑现（n 从 1 数）。 */
+  started(n: number): Promise<void>;
+}
+
+/**
+ * 计数的 echo 工具。hangOn 里的那几次调用一直等到自己的 signal 触发，然后以取消失败——
+ * 就像进程在工具执行的半中间死掉。onExecute 在每次执行开始时被调用。
+ */
+function countingTool(hangOn: number[] = [], onExecute?: () => void): Counting {
+  const calls: { value: string }[] = [];
+  const starts = new Map<number, Deferred<void>>();
+  const startOf = (n: number): Deferred<void> => {
+    let entry = starts.get(n);
+    if (entry === undefined) {
+      entry = deferred();
+      starts.set(n, entry);
+    }
+    return entry;
+  };
+  const tool: Tool<{ value: string }> = {
+    name: "echo",
+    description: "Echo the value back.",
+    schema: objectSchema({ value: stringValue }),
+    async execute(parameters, context) {
+      calls.push({ ...parameters });
+      const n = calls.length;
+      onExecute?.();
+      startOf(n).resolve();
+      if (hangOn.includes(n)) {
+        await new Promise<void>((_, reject) => {
+          context.signal?.addEventListener("abort", () => reject(new Error("aborted mid-execute")), { once: true });
+        });
+      }
+      return { content: [text(`echo:${parameters.value}`)], details: { n } };
+    },
+  };
+  return { tool, calls, started: (n) => startOf(n).promise };
+}
+
+/** 每次提交记一行：entry 写类型，task 写 kind:status:phase；同一批按 put 的顺序。 */
+function commitLog(store: DurableStore): string[] {
+  const log: string[] = [];
+  store.onCommit((seq, writes) => {
+    log.push(writes.map((write) => describeWrite(seq, write)).join(" "));
+  });
+  return log;
+}
+
+function describeWrite(seq: number, write: DurableWrite): string {
+  if (write.collection === "entries") return `${seq}:entry:${(write.value as unknown as EntryRecord).entry.type}`;
+  const task = write.value as unknown as TaskRecord;
+  return `${seq}:${task.kind}:${task.status}:${task.checkpoint.phase}`;
+}
+
+/** 在第 seq 次提交的那一刻“崩溃”：从 onCommit 里触发 run 的 signal。 */
+function crashAt(store: DurableStore, seq: number, controller: AbortController): void {
+  store.onCommit((committed) => {
+    if (committed === seq) controller.abort();
+  });
+}
+
+function ids(prefix = "id"): () => string {
+  let next = 0;
+  return () => `${prefix}-${++next}`;
+}
+
+async function open(store: DurableStore, model: Model, tools: DurableToolRegistration[] = [], createId = ids()): Promise<DurableHarness> {
+  return DurableHarness.open({ store, model, tools, createId });
+}
+
+/** 重新打开：只用快照造一个新的 store，旧对象一个都不带过去。 */
+function reopenStore(store: DurableStore): DurableStore {
+  return DurableStore.fromSnapshot(store.snapshot());
+}
+
+function texts(harness: DurableHarness, conversationId: string): string[] {
+  return harness.messages(conversationId).map((message) => textOf(message));
+}
+
+function lastToolResult(harness: DurableHarness, conversationId: string): ToolResultMessage {
+  const found = harness.messages(conversationId).filter((message) => message.role === "toolResult");
+  return found.at(-1) as ToolResultMessage;
+}
+
+function toolTasks(harness: DurableHarness): ToolTask[] {
+  return harness.tasks().filter((task): task is ToolTask => task.kind === "tool");
+}
+
+// ---------------------------------------------------------------------------
+// Lab 19.1 · 原子批次与唯一的修改线
+// ---------------------------------------------------------------------------
+
+test("Lab 19.1 · 一个批次要么全写要么全不写；同 id 替换；快照与 store 互不影响", HANG_GUARD, async () => {
+  const store = new DurableStore();
+  const seen: string[] = [];
+  const unsubscribe = store.onCommit((seq, writes) => seen.push(`${seq}:${writes.map((write) => write.id).join(",")}`));
+  assert.equal(store.currentSeq, 0);
+
+  const value = { n: 1, tags: ["a"] };
+  assert.equal(await store.commit([{ collection: "entries", id: "a", value }, { collection: "tasks", id: "t", value: { s: "x" } }]), 1);
+  // 提交时就复制：之后改调用者的对象、改读出的对象，都碰不到 store。
+  value.tags.push("leak");
+  (store.get("entries", "a") as { n: number }).n = 99;
+  assert.deepEqual(store.get("entries", "a"), { n: 1, tags: ["a"] });
+
+  // 合法的兄弟写入跟着不合法的那条一起被丢掉；错误说出是哪一条。
+  await assert.rejects(
+    store.commit([{ collection: "entries", id: "a", value: { n: 2 } }, { collection: "entries", id: "b", value: Number.NaN }]),
+    (error) => error instanceof StorageRejected && error.name === "StorageRejected" && /写入 entries\/b 不是合法 JSON 记录/.test(error.message),
+  );
+  const cyclic: Record<string, unknown> = {};
+  cyclic.self = cyclic;
+  const invalid: unknown[] = [
+    { collection: "logs", id: "x", value: 1 },
+    { collection: "entries", id: "", value: 1 },
+    { collection: "entries", id: "x", value: undefined },
+    { collection: "entries", id: "x", value: { when: new Date(0) } },
+    { collection: "entries", id: "x", value: { run: () => 1 } },
+    { collection: "entries", id: "x", value: cyclic },
+    { collection: "entries", id: "x", value: [1, Number.POSITIVE_INFINITY] },
+  ];
+  for (const write of invalid) {
+    await assert.rejects(store.commit([write as DurableWrite]), StorageRejected);
+  }
+  assert.equal(store.currentSeq, 1);
+  assert.deepEqual(store.get("entries", "a"), { n: 1, tags: ["a"] });
+  assert.equal(store.get("entries", "b"), undefined);
+
+  // 同一个 id 是替换，不是追加。
+  assert.equal(await store.commit([{ collection: "entries", id: "a", value: { n: 2 } }]), 2);
+  assert.deepEqual(store.list("entries"), [{ id: "a", value: { n: 2 } }]);
+  assert.deepEqual(seen, ["1:a,t", "2:a"]);
+
+  // 快照是独立的深副本：从它恢复的 store 接着数序号，两边之后的提交互不影响。
+  const snapshot = store.snapshot();
+  assert.deepEqual(snapshot, { seq: 2, entries: { a: { n: 2 } }, tasks: { t: { s: "x" } } });
+  const restored = DurableStore.fromSnapshot(snapshot);
+  (snapshot.entries.a as { n: number }).n = 1000;
+  assert.equal(await restored.commit([{ collection: "tasks", id: "t", value: { s: "y" } }]), 3);
+  assert.equal(store.currentSeq, 2);
+  assert.deepEqual(store.get("tasks", "t"), { s: "x" });
+  assert.deepEqual(restored.get("entries", "a"), { n: 2 });
+  assert.throws(() => DurableStore.fromSnapshot({ seq: -1, entries: {}, tasks: {} }), StorageRejected);
+
+  unsubscribe();
+  await store.commit([{ collection: "entries", id: "c", value: null }]);
+  assert.deepEqual(seen, ["1:a,t", "2:a"]);
+});
+
+test("Lab 19.1 · session 的 change 排成一条线：后一个 change 开始时，前一个已经提交并可见", HANG_GUARD, async () => {
+  const store = new DurableStore();
+  await store.commit([{ collection: "tasks", id: "counter", value: { n: 0 } }]);
+  const session = new DurableSession(store);
+  assert.equal(session.store, store);
+  // session 从 store 现有的记录开始。
+  assert.deepEqual(session.get("tasks", "counter"), { n: 0 });
+
+  const gate = deferred();
+  const order: string[] = [];
+  const increment = (label: string, wait?: Promise<void>) =>
+    session.commit(async (tx) => {
+      order.push(`${label} reads ${(tx.get("tasks", "counter") as { n: number }).n}`);
+      if (wait !== undefined) await wait;
+      const n = (tx.get("tasks", "counter") as { n: number }).n + 1;
+      tx.put("tasks", "counter", { n });
+      return n;
+    });
+
+  const first = increment("first", gate.promise);
+  const second = increment("second");
+  await new Promise((done) => setImmediate(done));
+  // 第一个 change 还卡着：第二个连读都还没开始，store 也没动。
+  assert.deepEqual(order, ["first reads 0"]);
+  assert.equal(store.currentSeq, 1);
+  gate.resolve();
+  assert.deepEqual(await Promise.all([first, second]), [1, 2]);
+  assert.deepEqual(order, ["first reads 0", "second reads 1"]);
+  assert.equal(store.currentSeq, 3);
+  assert.deepEqual(session.get("tasks", "counter"), { n: 2 });
+  assert.deepEqual(store.get("tasks", "counter"), { n: 2 });
+
+  // put 只收集：同一个 change 里读不到自己刚 put 的值；change 结束后再 put 会被拒绝。
+  let leaked: ((value: JsonValue) => void) | undefined;
+  const seenInside = await session.commit((tx) => {
+    tx.put("entries", "e", { v: 1 });
+    leaked = (value) => tx.put("entries", "late", value);
+    return tx.get("entries", "e");
+  });
+  assert.equal(seenInside, undefined);
+  assert.deepEqual(session.list("entries"), [{ id: "e", value: { v: 1 } }]);
+  assert.throws(() => leaked!({ v: 2 }), /已经结束/);
+});
+
+test("Lab 19.1 · change 抛错或 store 拒绝都不留下可见的进展；只读的 change 不提交", HANG_GUARD, async () => {
+  const store = new DurableStore();
+  const session = new DurableSession(store);
+  let commits = 0;
+  store.onCommit(() => {
+    commits += 1;
+  });
+
+  // change 自己抛错：put 过的东西不提交，错误原样交回。
+  const boom = new Error("change exploded");
+  await assert.rejects(
+    session.commit((tx) => {
+      tx.put("entries", "a", { v: 1 });
+      throw boom;
+    }),
+    (error) => error === boom,
+  );
+  assert.equal(session.get("entries", "a"), undefined);
+
+  // store 拒绝：两条写入都不可见，连合法的那条也不可见。
+  await assert.rejects(
+    session.commit((tx) => {
+      tx.put("entries", "b", { v: 1 });
+      tx.put("tasks", "c", { v: Number.NaN });
+    }),
+    StorageRejected,
+  );
+  assert.equal(session.get("entries", "b"), undefined);
+  assert.equal(session.get("tasks", "c"), undefined);
+  assert.deepEqual(session.list("entries"), []);
+  assert.equal(store.currentSeq, 0);
+
+  // 只读的 change 照常返回结果，但不是一次提交。
+  assert.equal(await session.commit((tx) => tx.list("entries").length), 0);
+  assert.equal(commits, 0);
+
+  // 失败之后修改线照常往下走。
+  await session.commit((tx) => tx.put("entries", "d", { v: 4 }));
+  assert.deepEqual(session.list("entries"), [{ id: "d", value: { v: 4 } }]);
+  assert.equal(store.currentSeq, 1);
+  assert.equal(commits, 1);
+});
+
+// ---------------------------------------------------------------------------
+// Lab 19.2 · prompt 与 run 的生命周期
+// ---------------------------------------------------------------------------
+
+test("Lab 19.2 · prompt 是一次提交；run 按生命周期推进、清空检查点；没有任务时 run 什么都不提交", HANG_GUARD, async () => {
+  const store = new DurableStore();
+  const log = commitLog(store);
+  const model = new ManualModel([{ deltas: ["Hello"] }]);
+  const harness = await open(store, model);
+  assert.equal(store.currentSeq, 0);
+
+  await harness.prompt("c1", "hi");
+  assert.deepEqual(log, ["1:entry:user 1:generation:pending:request"]);
+  assert.deepEqual(harness.tasks(), [
+    { id: "id-2", kind: "generation", conversationId: "c1", order: 1, status: "pending", input: { inputEntryCount: 1 }, checkpoint: { phase: "request" } },
+  ]);
+  assert.deepEqual(harness.entries("c1").map((record) => [record.id, record.index, record.entry.type]), [["id-1", 0, "user"]]);
+
+  await harness.run();
+  assert.deepEqual(log, [
+    "1:entry:user 1:generation:pending:request",
+    "2:generation:running:request",
+    "3:generation:running:request",
+    "4:entry:assistant 4:generation:completed:request",
+  ]);
+  // 流里的部分输出只在检查点里活到最终提交：完成之后检查点回到只有 phase。
+  assert.deepEqual(harness.tasks()[0]?.checkpoint, { phase: "request" });
+  assert.deepEqual(texts(harness, "c1"), ["hi", "Hello"]);
+  assert.deepEqual(model.requests.map((request) => request.messages.length), [1]);
+  assert.deepEqual(harness.entries("c2"), []);
+
+  await harness.run();
+  assert.equal(store.currentSeq, 4);
+  assert.equal(log.length, 4);
+});
+
+test("Lab 19.2 · 第 6 次提交时崩溃：重新打开只把 running 放回 pending，再把第二轮做完", HANG_GUARD, async () => {
+  const store = new DurableStore();
+  const model = new ManualModel([{ deltas: ["one done"] }, { deltas: ["two done"] }]);
+  const first = await open(store, model);
+  await first.prompt("c1", "one");
+  await first.run();
+  await first.prompt("c1", "two");
+  assert.equal(store.currentSeq, 5);
+
+  const controller = new AbortController();
+  crashAt(store, 6, controller);
+  await first.run({ signal: controller.signal });
+  assert.equal(store.currentSeq, 6);
+  assert.deepEqual(first.tasks().map((task) => task.status), ["completed", "running"]);
+  // 崩溃发生在提交 running 的那一刻：第二轮的模型请求从未发出。
+  assert.equal(model.requests.length, 1);
+
+  const restored = reopenStore(store);
+  const log = commitLog(restored);
+  const second = await open(restored, model, [], ids("re"));
+  assert.deepEqual(log, ["7:generation:pending:request"]);
+  assert.deepEqual(second.tasks().map((task) => task.status), ["completed", "pending"]);
+  assert.deepEqual(second.tasks()[1]?.checkpoint, { phase: "request" });
+
+  await second.run();
+  assert.deepEqual(texts(second, "c1"), ["one", "one done", "two", "two done"]);
+  assert.deepEqual(second.tasks().map((task) => task.status), ["completed", "completed"]);
+  assert.deepEqual(model.requests.map((request) => request.messages.map((message) => textOf(message))), [
+    ["one"],
+    ["one", "one done", "two"],
+  ]);
+  assert.equal(log.length, 4);
+  // 没有 running 的任务时，打开不提交。
+  await open(restored, model, [], ids("third"));
+  assert.equal(log.length, 4);
+});
+
+// ---------------------------------------------------------------------------
+// Lab 19.3 · 工具：先记下意图，再执行
+// ---------------------------------------------------------------------------
+
+test("Lab 19.3 · 执行意图先于执行提交：一次 run 走完工具往返，共 10 次提交", HANG_GUARD, async () => {
+  const store = new DurableStore();
+  const log = commitLog(store);
+  const seenAtExecute: { seq: number; checkpoint: unknown }[] = [];
+  const echo = countingTool([], () => {
+    const task = store.list("tasks").map(({ value }) => value as unknown as TaskRecord).find((record) => record.kind === "tool");
+    seenAtExecute.push({ seq: store.currentSeq, checkpoint: task?.checkpoint });
+  });
+  const model = new ManualModel([callingTurn(echoCall("call-1", "x")), { deltas: ["echoed x"] }]);
+  const harness = await open(store, model, [{ tool: echo.tool, replay: "safe" }]);
+
+  await harness.prompt("c1", "echo x");
+  await harness.run();
+
+  assert.deepEqual(log, [
+    "1:entry:user 1:generation:pending:request",
+    "2:generation:running:request",
+    "3:generation:running:request",
+    "4:entry:assistant 4:tool:pending:call 4:generation:completed:request",
+    "5:tool:running:call",
+    "6:tool:running:execute",
+    "7:entry:toolResult 7:tool:completed:execute 7:generation:pending:request",
+    "8:generation:running:request",
+    "9:generation:running:request",
+    "10:entry:assistant 10:generation:completed:request",
+  ]);
+  // 工具开始执行时，意图（解析后的参数与重放策略）已经是第 6 次提交的事实。
+  assert.deepEqual(seenAtExecute, [{ seq: 6, checkpoint: { phase: "execute", arguments: { value: "x" }, replay: "safe" } }]);
+  assert.deepEqual(echo.calls, [{ value: "x" }]);
+  assert.deepEqual(harness.messages("c1").map((message) => message.role), ["user", "assistant", "toolResult", "assistant"]);
+  assert.deepEqual(lastToolResult(harness, "c1").content, [text("echo:x")]);
+  assert.deepEqual(toolTasks(harness)[0]?.input, { assistantEntryId: "id-3", callId: "call-1" });
+  // 第二次请求看到结果，工具定义来自登记的工具。
+  assert.deepEqual(model.requests[1]?.messages.map((message) => message.role), ["user", "assistant", "toolResult"]);
+  assert.deepEqual(model.requests[1]?.tools?.map((tool) => tool.name), ["echo"]);
+});
+
+test("Lab 19.3 · safe 工具在执行中崩溃：重新打开后用记下的参数恰好重跑一次", HANG_GUARD, async () => {
+  const store = new DurableStore();
+  const echo = countingTool([1]);
+  const model = new ManualModel([callingTurn(echoCall("call-1", "x")), { deltas: ["after rerun"] }]);
+  const first = await open(store, model, [{ tool: echo.tool, replay: "safe" }]);
+  await first.prompt("c1", "echo x");
+
+  const controller = new AbortController();
+  const running = first.run({ signal: controller.signal });
+  await echo.started(1);
+  controller.abort();
+  await running;
+
+  // 因取消而失败的工具不留下结果：任务还是 running，检查点还是 execute。
+  const stuck = toolTasks(first)[0]!;
+  assert.equal(stuck.status, "running");
+  assert.deepEqual(stuck.checkpoint, { phase: "execute", arguments: { value: "x" }, replay: "safe" });
+  assert.deepEqual(first.messages("c1").map((message) => message.role), ["user", "assistant"]);
+
+  // 重跑用的是记下的参数：即使快照里 assistant 的调用被改过，工具收到的仍是 x。
+  const snapshot = store.snapshot();
+  const assistant = snapshot.entries[stuck.input.assistantEntryId] as unknown as EntryRecord;
+  ((assistant.entry.message as AssistantMessage).content[1] as ToolCall).arguments = { value: "tampered" };
+  const second = await open(DurableStore.fromSnapshot(snapshot), model, [{ tool: echo.tool, replay: "safe" }], ids("re"));
+  await second.run();
+
+  assert.deepEqual(echo.calls, [{ value: "x" }, { value: "x" }]);
+  assert.deepEqual(lastToolResult(second, "c1").content, [text("echo:x")]);
+  assert.deepEqual(lastToolResult(second, "c1").details, { n: 2 });
+  assert.deepEqual(toolTasks(second).map((task) => task.status), ["completed"]);
+  assert.deepEqual(texts(second, "c1").at(-1), "after rerun");
+});
+
+test("Lab 19.3 · 三种不安全的组合都不重跑：记下 interrupted，对话照常继续", HANG_GUARD, async () => {
+  const combinations: [ReplayPolicy | undefined, ReplayPolicy | undefined][] = [
+    ["safe", "unsafe"],
+    ["unsafe", "safe"],
+    [undefined, undefined],
+  ];
+  const interrupted = "Tool echo was interrupted and may have partially run";
+  for (const [before, after] of combinations) {
+    const store = new DurableStore();
+    const echo = countingTool([1]);
+    const model = new ManualModel([callingTurn(echoCall("call-1", "x")), { deltas: ["carry on"] }]);
+    const first = await open(store, model, [{ tool: echo.tool, ...(before === undefined ? {} : { replay: before }) }]);
+    await first.prompt("c1", "echo x");
+    const controller = new AbortController();
+    const running = first.run({ signal: controller.signal });
+    await echo.started(1);
+    controller.abort();
+    await running;
+    assert.deepEqual((toolTasks(first)[0]!.checkpoint as { replay: string }).replay, before ?? "unsafe");
+
+    const second = await open(reopenStore(store), model, [{ tool: echo.tool, ...(after === undefined ? {} : { replay: after }) }], ids("re"));
+    await second.run();
+
+    const label = `${before ?? "默认"} → ${after ?? "默认"}`;
+    assert.equal(echo.calls.length, 1, label);
+    const result = lastToolResult(second, "c1");
+    assert.deepEqual(result.content, [text(`Tool echo failed: ${interrupted}`)], label);
+    assert.deepEqual(result.details, { error: "interrupted", message: interrupted }, label);
+    assert.equal(result.isError, true, label);
+    const task = toolTasks(second)[0]!;
+    assert.deepEqual([task.status, task.error], ["failed", "Tool echo was interrupted"], label);
+    assert.deepEqual(texts(second, "c1").at(-1), "carry on", label);
+  }
+
+  // 没有登记的工具、解析不了的参数：都得到配对的错误结果，任务 completed，对话继续。
+  const store = new DurableStore();
+  const echo = countingTool();
+  const model = new ManualModel([
+    callingTurn({ type: "toolCall", id: "m1", name: "missing", arguments: {} }, echoCall("m2", 5)),
+    { deltas: ["noted"] },
+  ]);
+  const harness = await open(store, model, [{ tool: echo.tool }]);
+  await harness.prompt("c1", "try");
+  await harness.run();
+  const results = harness.messages("c1").filter((message): message is ToolResultMessage => message.role === "toolResult");
+  assert.deepEqual(results.map((result) => [result.toolCallId, (result.details as { error: string }).error]), [
+    ["m1", "unknown_tool"],
+    ["m2", "invalid_arguments"],
+  ]);
+  assert.deepEqual(results[0]?.content, [text("Tool missing failed: 未知工具")]);
+  assert.deepEqual(toolTasks(harness).map((task) => [task.status, task.checkpoint.phase]), [["completed", "call"], ["completed", "call"]]);
+  assert.equal(echo.calls.length, 0);
+  // 两个结果都写完之后才有下一轮 generation：它看到两条结果。
+  assert.deepEqual(model.requests[1]?.messages.map((message) => message.role), ["user", "assistant", "toolResult", "toolResult"]);
+  assert.equal(texts(harness, "c1").at(-1), "noted");
+});
+
+// ---------------------------------------------------------------------------
+// Lab 19.4 · 流到一半的输出
+// ---------------------------------------------------------------------------
+
+test("Lab 19.4 · 部分输出逐段提交；崩溃只留下 user；恢复时先补一条 aborted 回复，再重发一模一样的请求", HANG_GUARD, async () => {
+  const store = new DurableStore();
+  const log = commitLog(store);
+  // 第一回合吐出 Hel、lo 之后既不结束、也不理会 signal。
+  const model = new ManualModel([{ deltas: ["Hel", "lo"], hang: true }, { deltas: ["Hello", " world"] }]);
+  const first = await open(store, model);
+  await first.prompt("c1", "greet");
+  const controller = new AbortController();
+  crashAt(store, 4, controller);
+  await first.run({ signal: controller.signal });
+
+  assert.deepEqual(log, [
+    "1:entry:user 1:generation:pending:request",
+    "2:generation:running:request",
+    "3:generation:running:request",
+    "4:generation:running:request",
+  ]);
+  const checkpoints = first.tasks().map((task) => task.checkpoint);
+  assert.equal(textOf((checkpoints[0] as { partial: AssistantMessage }).partial), "Hello");
+  assert.deepEqual(first.messages("c1").map((message) => textOf(message)), ["greet"]);
+
+  const restored = reopenStore(store);
+  const second = await open(restored, model, [], ids("re"));
+  await second.run();
+
+  const messages = second.messages("c1") as AssistantMessage[];
+  assert.deepEqual(messages.map((message) => [message.role, textOf(message), message.stopReason ?? null]), [
+    ["user", "greet", null],
+    ["assistant", "Hello", "aborted"],
+    ["assistant", "Hello world", "stop"],
+  ]);
+  assert.deepEqual(second.tasks().map((task) => [task.status, task.checkpoint]), [["completed", { phase: "request" }]]);
+  // 补上的 aborted 回复排在 inputEntryCount 之后：两次请求完全相同，都只有那一条 user。
+  assert.equal(model.requests.length, 2);
+  assert.deepEqual(model.requests[1], model.requests[0]);
+  assert.equal(model.requests[0]?.messages.length, 1);
+});
+
+test("Lab 19.4 · 模型失败变成一条持久化的 error 回复，不产生后续任务；下一次 prompt 接着对话", HANG_GUARD, async () => {
+  const store = new DurableStore();
+  const model = new ManualModel([{ deltas: [], throws: "upstream down" }, { deltas: ["back again"] }]);
+  const harness = await open(store, model);
+  await harness.prompt("c1", "first");
+  await harness.run();
+
+  const failed = harness.messages("c1").at(-1) as AssistantMessage;
+  assert.deepEqual([failed.role, failed.stopReason, failed.errorMessage], ["assistant", "error", "upstream down"]);
+  assert.deepEqual(harness.tasks().map((task) => [task.kind, task.status, task.error]), [["generation", "failed", "upstream down"]]);
+  const seq = store.currentSeq;
+  await harness.run();
+  assert.equal(store.currentSeq, seq);
+
+  // 失败回复是对话的一部分：下一轮的请求看得到它。
+  await harness.prompt("c1", "again");
+  await harness.run();
+  assert.deepEqual(texts(harness, "c1"), ["first", "", "again", "back again"]);
+  assert.deepEqual(model.requests[1]?.messages.map((message) => message.role), ["user", "assistant", "user"]);
+  assert.deepEqual(harness.tasks().map((task) => task.status), ["failed", "completed"]);
+});
