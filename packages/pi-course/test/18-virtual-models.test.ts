@@ -574,7 +574,7 @@ test("Lab 18.3 · 状态只在变化时 record；物理选择直接分派；rout
   assert.deepEqual(missing.records, []);
 });
 
-test("Lab 18.3 · Runtime：选择、消息与状态依次落盘，父链连续；从 e7 重新打开后状态接着数", HANG_GUARD, async () => {
+test("Lab 18.3 · Runtime：选择、消息与状态依次落盘，父链连续；从 e7 重新打开后状态接着数，路由出的模型也经过预算投影", HANG_GUARD, async () => {
   const catalog = new ModelCatalog();
   const fast = physical([reply("fast", "reply one"), reply("fast", "reply two"), reply("fast", "reply three")]);
   catalog.registerPhysical("fast", fast);
@@ -613,9 +613,13 @@ test("Lab 18.3 · Runtime：选择、消息与状态依次落盘，父链连续�
   assert.deepEqual(fast.requests[1]!.messages.map((message) => textOf(message)), ["one", "reply one", "two"]);
   assert.deepEqual(calls.map((call) => [call.reason, call.state?.count ?? null]), [["user", null], ["user", 1]]);
 
-  // 重新打开：选择与状态都从 e7 这条路径上读回来，不靠任何内存。
-  const reopened = await createRuntime({ activeLeafId: "e7", context: unitBudget }, runtimeDeps(session, routing.prepareRequest, 7));
+  // 重新打开：选择与状态都从 e7 这条路径上读回来，不靠任何内存。这次预算只够 3 条消息：
+  // 路由出的 fast 不是 deps.model，却同样只收到预算内的最新两组对话——它也经过了 context projection。
+  const tightBudget: ContextBudget = { total: 3, reservedOutput: 0, safetyMargin: 0, estimateTokens: () => 1 };
+  const reopened = await createRuntime({ activeLeafId: "e7", context: tightBudget }, runtimeDeps(session, routing.prepareRequest, 7));
   await reopened.prompt("three");
+  assert.deepEqual(fast.requests[2]!.messages.map((message) => textOf(message)), ["two", "reply two", "three"]);
+  assert.equal(reopened.control.getState().messages.length, 6);
   const after = await session.entries();
   const last = after.at(-1)!;
   assert.equal(after.length, 10);
