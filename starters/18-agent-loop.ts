@@ -12,6 +12,10 @@
 // 第 18 章脚手架：前几章的循环原样保留，它们的测试仍然是绿的。本章的两处施工位：
 //   Lab 18.2  requestReason：从 transcript 末尾判断这次请求的原因
 //   Lab 18.2  prepareRequest 钩子：只在传入钩子时抛出 stub，没有钩子的运行不受影响
+//
+// 第 15 章起，每次请求之前循环先对一次账：transcript 重放出的工具清单（模型上次看见的）
+// 与注册表此刻的 definitions() 不同，就在末尾追加一条只含差别的 system 补丁。
+// 于是“模型看见过哪些工具”和其他事实一样写在 transcript 里，重放即可得到。
 
 import {
   executeToolCall,
@@ -22,13 +26,16 @@ import {
 } from "./tool.js";
 import {
   assistantMessage,
+  currentTools,
   text,
+  toolStateChanges,
   type AgentContext,
   type AgentMessage,
   type AssistantMessage,
   type Model,
   type ModelEvent,
   type ModelStreamOptions,
+  type SystemMessage,
   type TextContent,
   type ThinkingLevel,
   type ToolCall,
@@ -143,6 +150,10 @@ export async function runAgentLoop(options: AgentLoopOptions): Promise<AgentRunR
     // 在发请求之前检查取消：已经取消的运行不再消耗模型请求。
     if (options.signal?.aborted) return finish("aborted", steps - 1);
 
+    // 第 15 章：工具清单变了，先把差别写进 transcript，再发请求。
+    const patch = declareToolChanges(messages, options.tools);
+    if (patch !== undefined) messages.push(patch);
+
     const assistant = await collectModelTurn(options, messages, emit);
     messages.push(assistant);
     emit({ type: "assistant_message", message: assistant });
@@ -215,6 +226,28 @@ async function collectModelTurn(
     const stopReason = options.signal?.aborted ? "aborted" : "error";
     return assistantMessage([], stopReason, { errorMessage: message });
   }
+}
+
+/** 第 15 章：transcript 里有没有哪条 system 消息声明过工具。 */
+export function declaresTools(messages: readonly AgentMessage[]): boolean {
+  return messages.some(
+    (message) => message.role === "system" && (message.toolsAdded !== undefined || message.toolsRemoved !== undefined),
+  );
+}
+
+/**
+ * 第 15 章：算出下一次请求之前要追加的工具补丁；不需要补丁时返回 undefined。不改动 messages。
+ * 注册表全是 direct、transcript 也从没声明过工具时，循环保持第 07 章的样子：不写任何补丁。
+ * 否则把 currentTools(messages) 与 registry.definitions() 对比，只写出差别；空的一侧省略。
+ */
+export function declareToolChanges(messages: readonly AgentMessage[], tools: ToolRegistry): SystemMessage | undefined {
+  if (!tools.usesExposure() && !declaresTools(messages)) return undefined;
+  const changes = toolStateChanges(currentTools(messages), tools.definitions());
+  if (changes.toolsAdded.length === 0 && changes.toolsRemoved.length === 0) return undefined;
+  const patch: SystemMessage = { role: "system", content: "", timestamp: Date.now() };
+  if (changes.toolsAdded.length > 0) patch.toolsAdded = changes.toolsAdded;
+  if (changes.toolsRemoved.length > 0) patch.toolsRemoved = changes.toolsRemoved;
+  return patch;
 }
 
 /** assistant 内容里的工具调用，保持内容顺序。 */
