@@ -61,6 +61,14 @@ export interface RuntimeConfig {
 }
 
 /**
+ * 第 17 章：在每次 prompt 之前交出若干 system 段落的对象（例如 MCP 运行时的 mcp_servers）。
+ * 段落并入期望的 system 状态，是否需要补丁仍由 systemPatch() 决定：没变就不写。
+ */
+export interface SystemSectionProvider {
+  sections(): Promise<Record<string, string>> | Record<string, string>;
+}
+
+/**
  * 第 18 章：钩子眼里的会话。branch() 是已提交的当前分支，再接上本轮已经 record、还没落盘的 metadata；
  * record() 只把一份深副本放进缓冲，本轮消息全部追加之后才写进 Store。
  */
@@ -81,6 +89,8 @@ export interface RuntimeDeps {
   session: SessionStore;
   resources: ResourceCatalog;
   extensionHost?: ExtensionHost;
+  /** 第 17 章：按顺序询问，后面的同名段落覆盖前面的。 */
+  sectionProviders?: readonly SystemSectionProvider[];
   createId(): string;
   now(): number;
   /** 第 18 章：每次模型请求之前调用；返回的模型同样经过 context projection。 */
@@ -281,6 +291,7 @@ class RuntimeImpl implements Runtime {
 
   private readonly agent: Agent;
   private readonly desiredSystem: SystemState;
+  private readonly sectionProviders: readonly SystemSectionProvider[];
   private readonly createId: () => string;
   private readonly now: () => number;
 
@@ -334,6 +345,7 @@ class RuntimeImpl implements Runtime {
       ...(config.maxSteps === undefined ? {} : { maxSteps: config.maxSteps }),
     });
     this.desiredSystem = desiredSystemState(config.systemPrompt, deps.resources);
+    this.sectionProviders = [...(deps.sectionProviders ?? [])];
 
     const agent = this.agent;
     this.control = {
@@ -387,11 +399,22 @@ class RuntimeImpl implements Runtime {
   /** 轮到这一项时才读取 before、计算补丁：排在后面的 prompt 必须看到前一轮已经写下的补丁。 */
   private async runAndPersist(value: string): Promise<AgentRunResult> {
     if (this.poisoned) throw this.poisonCause;
+    const desired = await this.currentDesiredSystem();
     const before = this.agent.getState().messages;
-    const system = systemPatch(before, this.desiredSystem);
+    const system = systemPatch(before, desired);
     const result = await this.agent.prompt(value, system ? { system } : {});
     await this.persist(result.messages.slice(before.length));
     return copy(result);
+  }
+
+  /** 第 17 章：固定的期望状态再并上各 provider 此刻交出的段落；provider 抛错时这次 prompt 失败，什么也不写。 */
+  private async currentDesiredSystem(): Promise<SystemState> {
+    if (this.sectionProviders.length === 0) return this.desiredSystem;
+    const sections = { ...this.desiredSystem.sections };
+    for (const provider of this.sectionProviders) {
+      for (const [name, value] of Object.entries(await provider.sections())) sections[name] = value;
+    }
+    return { content: this.desiredSystem.content, sections };
   }
 
   private async persist(suffix: readonly AgentMessage[]): Promise<void> {
@@ -423,6 +446,8 @@ class RuntimeImpl implements Runtime {
 
 /** 组装唯一的 Agent 与它周围的对象图。恢复本身不写任何东西。 */
 export async function createRuntime(config: RuntimeConfig, deps: RuntimeDeps): Promise<Runtime> {
+  // 先问 store 能不能写：文件带着撕裂尾部时，跑完一轮模型才在第一次 append 失败，答案就白白丢了。
+  await deps.session.ensureWritable?.();
   const entries = await deps.session.entries();
   const activePath = selectActivePath(entries, config.activeLeafId);
   return new RuntimeImpl(config, deps, activePath);
