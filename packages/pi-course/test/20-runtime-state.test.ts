@@ -1,0 +1,500 @@
+// 第 20 章聚焦测试：常驻内核的 Runtime State。
+// 运行：npm run build -w @pi/course && node --test packages/pi-course/dist/test/20-runtime-state.test.js
+// 按实验过滤：node --test --test-name-pattern="Lab 20.1" packages/pi-course/dist/test/20-*.test.js
+//
+// Lab 20.3 启动真实的 python3 子进程（PI_COURSE_PYTHON，然后 python3，然后 python）。
+// 找不到 Python 时这三项测试失败，失败消息只有一行，写明该安装什么——它们从不跳过。
+
+import assert from "node:assert/strict";
+import test from "node:test";
+
+import { runAgentLoop } from "../src/agent-loop.js";
+import { ScriptedModel } from "../src/scripted-model.js";
+import { ToolRegistry, executeToolCall } from "../src/tool.js";
+import { assistantMessage, text, textOf, userMessage } from "../src/types.js";
+import type { ToolCall, ToolResultMessage } from "../src/types.js";
+import {
+  PREVIEW_LIMIT,
+  cutPreview,
+  emptyRuntimeState,
+  formatRuntimeState,
+  toPlainValue,
+} from "../src/code-runtime/code-runtime.js";
+import type { CodeRuntime, ExecuteOptions, RuntimeResult, RuntimeState } from "../src/code-runtime/code-runtime.js";
+import { createJavaScriptKernel } from "../src/code-runtime/js-kernel.js";
+import {
+  HARNESS_CELL_END,
+  HARNESS_RESULT_PREFIX,
+  HARNESS_STATE_LINE,
+  createPythonKernel,
+  findPython,
+} from "../src/code-runtime/python-kernel.js";
+import type { PythonKernelOptions } from "../src/code-runtime/python-kernel.js";
+import { CODE_ACTION_TOOL_NAME, createCodeActionTool } from "../src/code-runtime/code-action.js";
+import type { CodeActionDetails } from "../src/code-runtime/code-action.js";
+
+// ---------------------------------------------------------------------------
+// 夹具
+// ---------------------------------------------------------------------------
+
+/** 只作挂起保护；断言从不依赖耗时。 */
+const HANG_GUARD = { timeout: 10_000 };
+const PYTHON_GUARD = { timeout: 20_000 };
+
+const CSV = "name,score\nAlice,90\nBob,75\nCarol,88\n";
+
+/** 一个只读的 fs 能力：只认 data.csv，记下被读了几次。 */
+function csvCapability(): { reads: () => number; capabilities: { fs: { read(path: unknown): Promise<string> } } } {
+  let reads = 0;
+  return {
+    reads: () => reads,
+    capabilities: {
+      fs: {
+        async read(path: unknown) {
+          if (path !== "data.csv") throw new Error(`没有这个文件：${String(path)}`);
+          reads += 1;
+          return CSV;
+        },
+      },
+    },
+  };
+}
+
+function names(state: RuntimeState): string[] {
+  return state.variables.map((entry) => entry.name);
+}
+
+function entry(state: RuntimeState, name: string): { name: string; type: string; preview: string } {
+  const found = state.variables.find((variable) => variable.name === name);
+  assert.ok(found, `state 里应当有 ${name}，实际：${names(state).join(", ")}`);
+  return found;
+}
+
+async function okValue(runtime: CodeRuntime, code: string, options?: ExecuteOptions): Promise<unknown> {
+  const result = await runtime.execute(code, options);
+  assert.equal(result.ok, true, `单元格应当成功：${code}\n${JSON.stringify(result)}`);
+  return result.value;
+}
+
+/** Lab 20.3 的入口：没有 Python 时这里抛出一行安装提示，测试就此失败（不是跳过）。 */
+function pythonKernel(options: PythonKernelOptions = {}) {
+  const command = findPython();
+  return createPythonKernel({ command, timeoutMs: 8_000, ...options });
+}
+
+function call(id: string, code: string): ToolCall {
+  return { type: "toolCall", id, name: CODE_ACTION_TOOL_NAME, arguments: { code } };
+}
+
+function details(result: ToolResultMessage): CodeActionDetails {
+  return result.details as CodeActionDetails;
+}
+
+// ---------------------------------------------------------------------------
+// Lab 20.1 · 契约与 JavaScript 内核的 execute
+// ---------------------------------------------------------------------------
+
+test("Lab 20.1 · 契约：预览最多 80 个字符，空状态 alive=false 且每次都是新对象，value 是纯数据", () => {
+  assert.equal(PREVIEW_LIMIT, 80);
+  const exact = "a".repeat(80);
+  assert.equal(cutPreview(exact), exact);
+  const long = cutPreview("b".repeat(81));
+  assert.equal(long.length, 80);
+  assert.equal(long, `${"b".repeat(77)}...`);
+  assert.equal(cutPreview(""), "");
+
+  const first: RuntimeState = emptyRuntimeState();
+  assert.deepEqual(emptyRuntimeState(), { alive: false, variables: [] });
+  first.variables.push({ name: "x", type: "number", preview: "1" });
+  assert.deepEqual(emptyRuntimeState(), { alive: false, variables: [] });
+
+  assert.equal(formatRuntimeState(emptyRuntimeState()), "alive=false · variables=[]");
+  assert.equal(
+    formatRuntimeState({ alive: true, variables: [{ name: "count", type: "number", preview: "1" }, { name: "extra", type: "string", preview: '"x"' }] }),
+    "alive=true · variables=[count:number, extra:string]",
+  );
+
+  const source = { a: [1, 2], skip: undefined };
+  const plain = toPlainValue(source) as { a: number[] };
+  assert.deepEqual(plain, { a: [1, 2] });
+  assert.notEqual(plain.a, source.a);
+  assert.equal(toPlainValue(12n), "12");
+  assert.equal(toPlainValue(undefined), undefined);
+  const circular: Record<string, unknown> = {};
+  circular.self = circular;
+  assert.equal(toPlainValue(circular), "[object Object]");
+});
+
+test("Lab 20.1 · JS 内核：同一个 context 跨单元格保留裸赋值，return 给出 value，console 输出进 stdout", HANG_GUARD, async () => {
+  const kernel = createJavaScriptKernel();
+  const first = await kernel.execute("count = 1\nlet hidden = 41\nconsole.log('第一格', { hidden })\nreturn count + hidden");
+  assert.deepEqual(first, { ok: true, value: 42, stdout: "第一格 { hidden: 41 }\n" });
+
+  // 裸赋值留在全局，let 只属于上一格；每一格的 stdout 只有这一格的输出。
+  const second = await kernel.execute("count += 1\nreturn { count, hidden: typeof hidden }");
+  assert.deepEqual(second, { ok: true, value: { count: 2, hidden: "undefined" }, stdout: "" });
+
+  // 没有 return 的单元格没有 value；返回的对象是纯数据的深副本。
+  assert.deepEqual(await kernel.execute("globalThis.list = [1, 2]"), { ok: true, stdout: "" });
+  const copy = await okValue(kernel, "return { list, nothing: undefined }");
+  assert.deepEqual(copy, { list: [1, 2] });
+  (copy as { list: number[] }).list.push(3);
+  assert.deepEqual(await okValue(kernel, "return list"), [1, 2]);
+  assert.equal(await okValue(kernel, "return function named() {}"), "function named() {}");
+});
+
+test("Lab 20.1 · 单元格失败是 ok=false 的结果（name 与 message），内核继续可用；await 能用上注入的能力", HANG_GUARD, async () => {
+  const csv = csvCapability();
+  const kernel = createJavaScriptKernel({ capabilities: csv.capabilities });
+  assert.equal(await okValue(kernel, "kept = 'still here'\nreturn 1"), 1);
+
+  const thrown = await kernel.execute("console.log('before')\nthrow new TypeError('boom')");
+  assert.deepEqual(thrown, { ok: false, stdout: "before\n", error: { name: "TypeError", message: "boom" } });
+  assert.deepEqual(await kernel.execute("throw 'plain text'"), { ok: false, stdout: "", error: { message: "plain text" } });
+  const syntax = await kernel.execute("return (");
+  assert.equal(syntax.ok, false);
+  assert.equal(syntax.error?.name, "SyntaxError");
+  const missing = await kernel.execute("return notDefinedAnywhere");
+  assert.equal(missing.error?.name, "ReferenceError");
+  assert.equal(await okValue(kernel, "return kept"), "still here");
+
+  const lines = await okValue(kernel, "content = await fs.read('data.csv')\nreturn content.trim().split('\\n').length");
+  assert.equal(lines, 4);
+  assert.equal(csv.reads(), 1);
+  const refused = await kernel.execute("return await fs.read('secret.txt')");
+  assert.deepEqual(refused, { ok: false, stdout: "", error: { name: "Error", message: "没有这个文件：secret.txt" } });
+});
+
+test("Lab 20.1 · 超时：同步死循环与永不结束的 await 都返回 TimeoutError，旧变量随旧内核一起丢弃", HANG_GUARD, async () => {
+  const kernel = createJavaScriptKernel({ timeoutMs: 5_000 });
+  assert.equal(await okValue(kernel, "keep = 1\nreturn keep"), 1);
+
+  const spin = await kernel.execute("while (true) {}", { timeoutMs: 100 });
+  assert.equal(spin.ok, false);
+  assert.equal(spin.error?.name, "TimeoutError");
+  assert.equal(await okValue(kernel, "return typeof keep"), "undefined");
+
+  assert.equal(await okValue(kernel, "keep = 2\nreturn keep"), 2);
+  const stuck = await kernel.execute("console.log('waiting')\nawait new Promise(() => {})", { timeoutMs: 100 });
+  assert.deepEqual(stuck.ok, false);
+  assert.equal(stuck.error?.name, "TimeoutError");
+  assert.equal(stuck.stdout, "waiting\n");
+  assert.equal(await okValue(kernel, "return typeof keep"), "undefined");
+
+  const controller = new AbortController();
+  const pending = kernel.execute("await new Promise(() => {})", { signal: controller.signal });
+  controller.abort();
+  const aborted = await pending;
+  assert.equal(aborted.error?.name, "AbortError");
+  assert.equal(await okValue(kernel, "return 'fresh'"), "fresh");
+});
+
+// ---------------------------------------------------------------------------
+// Lab 20.2 · 基线与 describe()
+// ---------------------------------------------------------------------------
+
+test("Lab 20.2 · 未启动与 reset 之后 describe() 都是 alive=false，而且不会为了看一眼而创建内核，也不添加全局名字", HANG_GUARD, async () => {
+  const kernel = createJavaScriptKernel();
+  assert.deepEqual(await kernel.describe(), { alive: false, variables: [] });
+  // 如果 describe 偷偷创建了 context，第二次就会是 alive=true。
+  assert.deepEqual(await kernel.describe(), { alive: false, variables: [] });
+
+  const before = await okValue(kernel, "return Object.getOwnPropertyNames(globalThis).length");
+  const seen = await kernel.describe();
+  assert.equal(seen.alive, true);
+  await kernel.describe();
+  await kernel.describe();
+  assert.equal(await okValue(kernel, "return Object.getOwnPropertyNames(globalThis).length"), before);
+
+  assert.equal(await okValue(kernel, "count = 3\nreturn count"), 3);
+  await kernel.reset();
+  assert.deepEqual(await kernel.describe(), { alive: false, variables: [] });
+  assert.deepEqual(await kernel.describe(), { alive: false, variables: [] });
+  assert.equal(await okValue(kernel, "return typeof count"), "undefined");
+  assert.deepEqual(await kernel.describe(), { alive: true, variables: [] });
+});
+
+test("Lab 20.2 · 只报告基线之外、不以 __ 开头的名字：裸赋值与 globalThis.x 可见，let/const/var、内建、console 与能力命名空间不可见", HANG_GUARD, async () => {
+  const kernel = createJavaScriptKernel({ capabilities: csvCapability().capabilities });
+  await okValue(kernel, [
+    "count = 1",
+    "globalThis.extra = 'x'",
+    "let hidden = 2",
+    "const alsoHidden = 3",
+    "var local = 4",
+    "__internal = 5",
+    "return count + hidden + alsoHidden + local",
+  ].join("\n"));
+  const state = await kernel.describe();
+  assert.deepEqual(state, {
+    alive: true,
+    variables: [
+      { name: "count", type: "number", preview: "1" },
+      { name: "extra", type: "string", preview: '"x"' },
+    ],
+  });
+  // 基线里的名字被单元格改写后依旧不报告：基线法只看得见“新增”。
+  await okValue(kernel, "console.extraField = 1\nreturn 0");
+  assert.deepEqual(names(await kernel.describe()), ["count", "extra"]);
+});
+
+test("Lab 20.2 · 预览：JSON 形式截到 80，序列化失败降级为 String()，访问器不被调用；探针失败时得到 alive=true 与空清单", HANG_GUARD, async () => {
+  const kernel = createJavaScriptKernel();
+  await okValue(kernel, [
+    "long = 'x'.repeat(200)",
+    "loop = {}; loop.self = loop",
+    "big = 12n",
+    "greet = function greet(name) { return 'hi ' + name }",
+    "nothing = null",
+    "items = [1, 2, 3]",
+    "reads = 0",
+    "Object.defineProperty(globalThis, 'lazy', { get() { reads += 1; return 1 }, configurable: true })",
+    "return 0",
+  ].join("\n"));
+  const state = await kernel.describe();
+  const long = entry(state, "long");
+  assert.equal(long.type, "string");
+  assert.equal(long.preview.length, 80);
+  assert.equal(long.preview, `"${"x".repeat(76)}...`);
+  assert.deepEqual(entry(state, "loop"), { name: "loop", type: "object", preview: "[object Object]" });
+  assert.deepEqual(entry(state, "big"), { name: "big", type: "bigint", preview: "12" });
+  assert.deepEqual(entry(state, "greet"), { name: "greet", type: "function", preview: "function greet(name) { return 'hi ' + name }" });
+  assert.deepEqual(entry(state, "nothing"), { name: "nothing", type: "null", preview: "null" });
+  assert.deepEqual(entry(state, "items"), { name: "items", type: "array", preview: "[1,2,3]" });
+  assert.equal(entry(state, "lazy").type, "accessor");
+  assert.equal(await okValue(kernel, "return reads"), 0);
+
+  // 单元格把探针要用的内建换掉：观察失败，但内核还活着，execute 不受影响。
+  await okValue(kernel, "globalThis.Object = undefined\nreturn 1");
+  assert.deepEqual(await kernel.describe(), { alive: true, variables: [] });
+  assert.equal(await okValue(kernel, "return items.length + 1"), 4);
+});
+
+// ---------------------------------------------------------------------------
+// Lab 20.3 · Python 内核：协议与卫生
+// ---------------------------------------------------------------------------
+
+test("Lab 20.3 · 真实 python3 子进程：单元格以标记行结束，结果走 __HARNESS_RESULT__，状态走 __HARNESS_STATE__ 控制行；启动前观察不拉起进程", PYTHON_GUARD, async () => {
+  assert.equal(HARNESS_STATE_LINE, "__HARNESS_STATE__");
+  assert.equal(HARNESS_RESULT_PREFIX, "__HARNESS_RESULT__");
+  const kernel = pythonKernel();
+  try {
+    assert.deepEqual(await kernel.describe(), { alive: false, variables: [] });
+    assert.equal(kernel.pid, undefined, "describe() 不应启动 Python 进程");
+
+    // \r\n 与 \n 一样；最后一行表达式的值就是这一格的 value。
+    const first = await kernel.execute("x = 40\r\nprint('你好')\r\nx + 2");
+    assert.deepEqual(first, { ok: true, value: 42, stdout: "你好\n" });
+    assert.equal(typeof kernel.pid, "number");
+    assert.deepEqual(await kernel.execute("y = {1, 2}\ny"), { ok: true, value: "{1, 2}", stdout: "" });
+    assert.deepEqual(await kernel.execute("z = 1"), { ok: true, stdout: "" });
+
+    const failed = await kernel.execute("print('partial')\nx + missing_name");
+    assert.equal(failed.ok, false);
+    assert.equal(failed.stdout, "partial\n");
+    assert.equal(failed.error?.name, "NameError");
+    assert.match(failed.error?.message ?? "", /missing_name/);
+
+    const refused = await kernel.execute(`a = 1\n${HARNESS_CELL_END}\nb = 2`);
+    assert.equal(refused.error?.name, "ProtocolError");
+
+    const state = await kernel.describe();
+    assert.deepEqual(state, {
+      alive: true,
+      variables: [
+        { name: "x", type: "int", preview: "40" },
+        { name: "y", type: "set", preview: "{1, 2}" },
+        { name: "z", type: "int", preview: "1" },
+      ],
+    });
+    assert.deepEqual(await kernel.describe(), state, "两次观察之间内核不应多出任何名字");
+  } finally {
+    await kernel.reset();
+  }
+});
+
+test("Lab 20.3 · 内核卫生：主循环与能力注入的局部变量、import traceback、_ 前缀与内部模块都不进清单；能力调用由宿主执行", PYTHON_GUARD, async () => {
+  const csv = csvCapability();
+  const kernel = pythonKernel({ capabilities: csv.capabilities });
+  try {
+    await okValue(kernel, "content = fs.read('data.csv')");
+    await okValue(kernel, "lines = content.strip().split('\\n')[1:]");
+    await okValue(kernel, "rows = [{'name': n, 'score': int(s)} for n, s in (line.split(',') for line in lines)]");
+    await okValue(kernel, "def avg_score(items):\n    return sum(item['score'] for item in items) / len(items)");
+    await okValue(kernel, "_scratch = 'mine, but private'");
+    const failed = await kernel.execute("avg_score(undefined_rows)");
+    assert.equal(failed.error?.name, "NameError");
+    const refused = await kernel.execute("fs.read('secret.txt')");
+    assert.equal(refused.ok, false);
+    assert.match(refused.error?.message ?? "", /没有这个文件：secret\.txt/);
+    assert.equal(csv.reads(), 1);
+
+    const state = await kernel.describe();
+    assert.deepEqual(names(state), ["content", "lines", "rows", "avg_score"]);
+    assert.deepEqual(state.variables.map((v) => v.type), ["str", "list", "list", "function"]);
+    assert.equal(entry(state, "content").preview, "'name,score\\nAlice,90\\nBob,75\\nCarol,88\\n'");
+    const rows = entry(state, "rows").preview;
+    assert.equal(rows.length, 80);
+    assert.ok(rows.startsWith("[{'name': 'Alice', 'score': 90}") && rows.endsWith("..."), rows);
+    assert.match(entry(state, "avg_score").preview, /^<function avg_score at 0x[0-9a-f]+>$/);
+
+    // 被跳过不等于不存在：_scratch 还在，traceback 与主循环的 line/lines 变量根本没进 globals()。
+    assert.equal(await okValue(kernel, "_scratch"), "mine, but private");
+    assert.deepEqual(await okValue(kernel, "[name for name in ('traceback', 'line', 'code', 'payload', 'namespace', 'functions') if name in globals()]"), []);
+    assert.equal(await okValue(kernel, "round(avg_score(rows), 2)"), 84.33);
+  } finally {
+    await kernel.reset();
+  }
+});
+
+test("Lab 20.3 · 同一条发送通道：并发请求排队一次一个；超时杀掉并重启内核；reset 之后 alive=false 且进程已退出", PYTHON_GUARD, async () => {
+  const kernel = pythonKernel();
+  try {
+    const [slow, seen, after] = await Promise.all([
+      kernel.execute("import time\ntime.sleep(0.2)\nslow = 1\n'slept'"),
+      kernel.describe(),
+      kernel.execute("slow + 1"),
+    ]);
+    assert.deepEqual(slow, { ok: true, value: "slept", stdout: "" });
+    assert.deepEqual(names(seen), ["time", "slow"], "describe 排在第一个单元格之后");
+    assert.deepEqual(after, { ok: true, value: 2, stdout: "" });
+
+    const firstPid = kernel.pid;
+    const spin = await kernel.execute("while True:\n    pass", { timeoutMs: 300 });
+    assert.equal(spin.ok, false);
+    assert.equal(spin.error?.name, "TimeoutError");
+    assert.equal(typeof kernel.pid, "number");
+    assert.notEqual(kernel.pid, firstPid, "超时之后应当是一个新的内核进程");
+    assert.deepEqual(await kernel.describe(), { alive: true, variables: [] });
+    assert.equal((await kernel.execute("slow")).error?.name, "NameError");
+
+    const lastPid = kernel.pid!;
+    await kernel.reset();
+    assert.equal(kernel.pid, undefined);
+    assert.deepEqual(await kernel.describe(), { alive: false, variables: [] });
+    assert.equal(kernel.pid, undefined, "reset 之后的 describe() 也不启动进程");
+    assert.throws(() => process.kill(lastPid, 0), { code: "ESRCH" }, "reset 之后旧进程应当已经退出");
+  } finally {
+    await kernel.reset();
+  }
+});
+
+// ---------------------------------------------------------------------------
+// Lab 20.4 · code_action、循环与 reset 边界
+// ---------------------------------------------------------------------------
+
+/** 记录调用顺序的 runtime：检查工具先 execute、后 describe。 */
+class RecordingRuntime implements CodeRuntime {
+  readonly calls: string[] = [];
+  signal: AbortSignal | undefined;
+  constructor(private readonly result: RuntimeResult) {}
+  async execute(code: string, options: ExecuteOptions = {}): Promise<RuntimeResult> {
+    this.calls.push(`execute:${code}`);
+    this.signal = options.signal;
+    return this.result;
+  }
+  async describe(): Promise<RuntimeState> {
+    this.calls.push("describe");
+    return { alive: true, variables: [{ name: "total", type: "number", preview: "253" }] };
+  }
+  async reset(): Promise<void> {
+    this.calls.push("reset");
+  }
+}
+
+test("Lab 20.4 · code_action 先 execute 再 describe：details 带 state，文本的 state 行列出本格刚创建的 total；失败的单元格也带着 state", HANG_GUARD, async () => {
+  const recording = new RecordingRuntime({ ok: true, value: { rows: 3 }, stdout: "" });
+  const recorded = new ToolRegistry([createCodeActionTool({ runtime: recording })]);
+  const controller = new AbortController();
+  const probe = await executeToolCall(call("c0", "total = 253"), recorded, { signal: controller.signal });
+  assert.deepEqual(recording.calls, ["execute:total = 253", "describe"]);
+  assert.equal(recording.signal, controller.signal);
+  assert.equal(probe.isError, false);
+
+  const runtime = createJavaScriptKernel({ capabilities: csvCapability().capabilities });
+  const registry = new ToolRegistry([createCodeActionTool({ runtime })]);
+  const first = await executeToolCall(call("c1", "rows = (await fs.read('data.csv')).trim().split('\\n').slice(1)\nreturn { rows: rows.length }"), registry);
+  assert.equal(first.isError, false);
+  assert.deepEqual(details(first).value, { rows: 3 });
+
+  const second = await executeToolCall(call("c2", "total = rows.length * 10\nconsole.log('算好了')\nreturn total"), registry);
+  const body = textOf(second);
+  assert.equal(details(second).ok, true);
+  assert.equal(details(second).value, 30);
+  assert.ok(names(details(second).state).includes("total"), "这一格刚创建的 total 当轮就在 state 里");
+  assert.deepEqual(entry(details(second).state, "total"), { name: "total", type: "number", preview: "30" });
+  const stateLine = body.split("\n").at(-1)!;
+  assert.ok(stateLine.startsWith("state: alive=true · variables=["), body);
+  assert.ok(stateLine.includes("rows:array") && stateLine.includes("total:number"), stateLine);
+  assert.ok(body.startsWith("ok\nvalue: 30\nstdout:\n算好了\n"), body);
+
+  const failed = await executeToolCall(call("c3", "return rows.map((row) => row.missing.deeper)"), registry);
+  assert.equal(failed.isError, true);
+  assert.equal(details(failed).ok, false);
+  assert.equal(details(failed).error?.name, "TypeError");
+  assert.ok(textOf(failed).startsWith("error: TypeError: "), textOf(failed));
+  assert.ok(names(details(failed).state).includes("total"), "失败之后模型也看得到还剩哪些变量");
+  assert.equal(details(failed).state.alive, true);
+});
+
+test("Lab 20.4 · 经过循环与 ScriptedModel：第二轮照着上一轮 state 行里的 rows 直接复用，不再读文件", HANG_GUARD, async () => {
+  const csv = csvCapability();
+  const runtime = createJavaScriptKernel({ capabilities: csv.capabilities });
+  const parse = [
+    "content = await fs.read('data.csv')",
+    "rows = content.trim().split('\\n').slice(1).map((line) => { const [name, score] = line.split(','); return { name, score: Number(score) } })",
+    "return { rows: rows.length }",
+  ].join("\n");
+  const reuse = "total = rows.reduce((sum, row) => sum + row.score, 0)\nreturn { avg: Math.round(total / rows.length * 100) / 100 }";
+  const model = new ScriptedModel([
+    assistantMessage([call("call_1", parse)], "toolUse"),
+    assistantMessage([call("call_2", reuse)], "toolUse"),
+    assistantMessage([text("平均分是 84.33")], "stop"),
+  ]);
+  const result = await runAgentLoop({
+    model,
+    tools: new ToolRegistry([createCodeActionTool({ runtime })]),
+    context: { messages: [userMessage("读 data.csv，算平均分")] },
+  });
+  assert.equal(result.reason, "stop");
+  assert.equal(model.requests.length, 3);
+
+  // 第二次请求里，模型读到的最后一条是第一格的观察，它的 state 行说 rows 已经活在内核里。
+  const seen = model.requests[1]!.messages.at(-1)!;
+  assert.equal(seen.role, "toolResult");
+  assert.match(textOf(seen), /^state: alive=true · variables=\[content:string, rows:array\]$/m);
+
+  const results = result.messages.filter((message): message is ToolResultMessage => message.role === "toolResult");
+  assert.deepEqual(results.map((message) => message.isError), [false, false]);
+  assert.deepEqual(details(results[0]!).value, { rows: 3 });
+  assert.deepEqual(details(results[1]!).value, { avg: 84.33 });
+  assert.ok(names(details(results[1]!).state).includes("total"));
+  assert.equal(csv.reads(), 1, "第二格复用 rows，没有再读文件");
+});
+
+test("Lab 20.4 · 工具复用宿主传入的 runtime：任务边界 reset() 之后观察是 alive=false，下一格从空内核开始，旧变量不再可用", HANG_GUARD, async () => {
+  const runtime = createJavaScriptKernel();
+  const registry = new ToolRegistry([createCodeActionTool({ runtime })]);
+  const task1 = await executeToolCall(call("t1", "rows = [1, 2, 3]\nreturn rows.length"), registry);
+  assert.ok(names(details(task1).state).includes("rows"));
+  // 宿主手里的句柄与工具里的是同一个内核。
+  assert.ok(names(await runtime.describe()).includes("rows"));
+
+  await runtime.reset();
+  assert.deepEqual(await runtime.describe(), { alive: false, variables: [] });
+
+  const task2 = await executeToolCall(call("t2", "return typeof rows"), registry);
+  assert.equal(details(task2).value, "undefined");
+  assert.equal(details(task2).state.alive, true);
+  assert.ok(!names(details(task2).state).includes("rows"), "reset 之后 state 里不再有旧任务的 rows");
+  const reused = await executeToolCall(call("t3", "return rows.length"), registry);
+  assert.equal(reused.isError, true);
+  assert.equal(details(reused).error?.name, "ReferenceError");
+
+  // 不传 runtime 的两个工具各有各的内核，互不相通。
+  const own = new ToolRegistry([createCodeActionTool()]);
+  const other = new ToolRegistry([createCodeActionTool()]);
+  await executeToolCall(call("o1", "mine = 1"), own);
+  const peek = await executeToolCall(call("o2", "return typeof mine"), other);
+  assert.equal(details(peek).value, "undefined");
+});
