@@ -239,7 +239,7 @@ function timeoutError(ms: number): RuntimeError {
 }
 
 /** 单元格抛出的东西可能来自另一个 realm，也可能根本不是 Error：只读 name 与 message 两个字段。 */
-function describeError(error: unknown): RuntimeError {
+export function describeError(error: unknown): RuntimeError {
   if (typeof error === "object" && error !== null) {
     try {
       const { name, message } = error as { name?: unknown; message?: unknown };

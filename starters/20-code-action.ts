@@ -1,0 +1,66 @@
+// 第 20 章脚手架 · code_action（Lab 20.4）。
+//
+// 类型、工具名与给模型看的说明已经给你。formatObservation() 决定模型读到什么；
+// createCodeActionTool() 组装工具：先 execute，再 describe，state 同时进 details 和文本的最后一行。
+//
+// ——以下是 target 文件开头的说明，原样保留——
+//
+//
+// 工具先 execute() 一个单元格，紧接着 describe() 一次，把状态放进结果的 details，
+// 再写成一行短文本附在结果末尾——模型读到的 toolResult 里因此总有一份“内核里现在有什么”的清单。
+// 这就是 Context = Conversation + Runtime State 的落点：不需要另一个“查看状态”的工具。
+//
+// 工具接受调用方已经持有的 runtime：宿主手里有同一个句柄，才能在任务边界上 reset()。
+
+import { objectSchema, stringValue, type Tool } from "../tool.js";
+import { text } from "../types.js";
+import { formatRuntimeState, type CodeRuntime, type RuntimeResult, type RuntimeState } from "./code-runtime.js";
+import { createJavaScriptKernel } from "./js-kernel.js";
+
+// 实现里会用到的导入；先引用一次。
+void objectSchema;
+void stringValue;
+void text;
+void formatRuntimeState;
+void createJavaScriptKernel;
+
+export const CODE_ACTION_TOOL_NAME = "code_action";
+
+/** 工具结果的 details：单元格结果加上执行之后的状态。 */
+export interface CodeActionDetails extends RuntimeResult {
+  state: RuntimeState;
+}
+
+export interface CodeActionToolOptions {
+  /** 要复用的内核；省略时工具自己创建一个 JavaScript 内核（那样宿主就没法在任务边界 reset 它）。 */
+  runtime?: CodeRuntime;
+  /** 给模型看的说明；省略时用通用说明。 */
+  description?: string;
+}
+
+/** 文本里 stdout 与 value 的上限：完整内容留在 details 里。 */
+const TEXT_LIMIT = 2_000;
+
+const DEFAULT_DESCRIPTION = [
+  "在一个常驻内核里运行一段代码（一个单元格）。变量跨调用保留。",
+  "每次结果的最后一行 state 列出内核里现在活着的变量（名字:类型）：",
+  "state 里已有的变量直接按名字使用，不要重新读取或重新计算。",
+].join("");
+
+function labError(label: string): Error {
+  return new Error(`${label} 尚未实现`);
+}
+
+/** 模型读到的文本：结果一行，可选的 value 与 stdout，最后是 state 行。 */
+export function formatObservation(result: RuntimeResult, state: RuntimeState): string {
+  void result;
+  void state;
+  void TEXT_LIMIT;
+  throw labError("Lab 20.4 formatObservation");
+}
+
+export function createCodeActionTool(options: CodeActionToolOptions = {}): Tool<{ code: string }, CodeActionDetails> {
+  void options;
+  void DEFAULT_DESCRIPTION;
+  throw labError("Lab 20.4 createCodeActionTool");
+}
