@@ -138,7 +138,7 @@ class KernelProcess {
   private stderr = "";
   private readyWaiter: ((error?: Error) => void) | undefined;
 
-  constructor(command: string, program: string, options: { cwd?: string; capabilities: Capabilities }, private readonly onCapability: (process: KernelProcess, raw: string) => void) {
+  constructor(command: string, program: string, options: { cwd?: string; capabilities: Capabilities }, private readonly onCapability: (kernel: KernelProcess, raw: string) => void) {
     const spec = Object.fromEntries(Object.entries(options.capabilities).map(([ns, fns]) => [ns, Object.keys(fns)]));
     this.child = spawn(command, ["-u", program, JSON.stringify(spec)], {
       cwd: options.cwd,
@@ -342,8 +342,8 @@ class PythonKernelImpl implements PythonKernel {
   private async spawn(timeoutMs: number): Promise<KernelProcess> {
     const command = this.options.command ?? findPython();
     const program = this.options.program ?? kernelProgramPath();
-    const kernel = new KernelProcess(command, program, { cwd: this.options.cwd, capabilities: this.capabilities }, (process, raw) => {
-      void this.answerCapability(process, raw);
+    const kernel = new KernelProcess(command, program, { cwd: this.options.cwd, capabilities: this.capabilities }, (caller, raw) => {
+      void this.answerCapability(caller, raw);
     });
     await kernel.ready(timeoutMs);
     return kernel;
