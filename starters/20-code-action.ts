@@ -12,7 +12,7 @@
 //
 // 工具接受调用方已经持有的 runtime：宿主手里有同一个句柄，才能在任务边界上 reset()。
 
-import { objectSchema, stringValue, type Tool } from "../tool.js";
+import { objectSchema, stringValue, type Tool, type ToolExposure } from "../tool.js";
 import { text } from "../types.js";
 import { formatRuntimeState, type CodeRuntime, type RuntimeResult, type RuntimeState } from "./code-runtime.js";
 import { createJavaScriptKernel } from "./js-kernel.js";
@@ -36,6 +36,8 @@ export interface CodeActionToolOptions {
   runtime?: CodeRuntime;
   /** 给模型看的说明；省略时用通用说明。 */
   description?: string;
+  /** 第 15 章的可见性；省略即 "direct"。 */
+  exposure?: ToolExposure;
 }
 
 /** 文本里 stdout 与 value 的上限：完整内容留在 details 里。 */

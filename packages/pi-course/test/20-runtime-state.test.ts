@@ -412,6 +412,8 @@ test("Lab 20.4 · code_action 先 execute 再 describe：details 带 state，文
   assert.deepEqual(recording.calls, ["execute:total = 253", "describe"]);
   assert.equal(recording.signal, controller.signal);
   assert.equal(probe.isError, false);
+  assert.equal(createCodeActionTool({ runtime: recording }).exposure, undefined, "省略 exposure 即第 15 章的 direct");
+  assert.equal(createCodeActionTool({ runtime: recording, exposure: "deferred" }).exposure, "deferred");
 
   const runtime = createJavaScriptKernel({ capabilities: csvCapability().capabilities });
   const registry = new ToolRegistry([createCodeActionTool({ runtime })]);

@@ -6,7 +6,7 @@
 //
 // 工具接受调用方已经持有的 runtime：宿主手里有同一个句柄，才能在任务边界上 reset()。
 
-import { objectSchema, stringValue, type Tool, type ToolOutput } from "../tool.js";
+import { objectSchema, stringValue, type Tool, type ToolExposure, type ToolOutput } from "../tool.js";
 import { text } from "../types.js";
 import { formatRuntimeState, type CodeRuntime, type RuntimeResult, type RuntimeState } from "./code-runtime.js";
 import { createJavaScriptKernel } from "./js-kernel.js";
@@ -23,6 +23,8 @@ export interface CodeActionToolOptions {
   runtime?: CodeRuntime;
   /** 给模型看的说明；省略时用通用说明。 */
   description?: string;
+  /** 第 15 章的可见性；省略即 "direct"。 */
+  exposure?: ToolExposure;
 }
 
 /** 文本里 stdout 与 value 的上限：完整内容留在 details 里。 */
@@ -54,6 +56,7 @@ export function createCodeActionTool(options: CodeActionToolOptions = {}): Tool<
   return {
     name: CODE_ACTION_TOOL_NAME,
     description: options.description ?? DEFAULT_DESCRIPTION,
+    ...(options.exposure === undefined ? {} : { exposure: options.exposure }),
     schema: objectSchema({ code: stringValue }),
     async execute({ code }, context): Promise<ToolOutput<CodeActionDetails>> {
       const result = await runtime.execute(code, { signal: context.signal });
