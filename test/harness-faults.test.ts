@@ -100,3 +100,16 @@ test(`fault ${chapter.id} <故障 id>：指定测试先变红、恢复后变绿�
   assert.deepEqual(leftovers, [], "临时目录应已删除");
   assert.deepEqual(await fs.readFile(at(REPO, fault.file)).catch(() => undefined), before, "课程仓库里的文件不应被改动");
 });
+
+test("planMutation：学习者的缩进和换行与讲义不同也能找到那段代码；找不到或不止一处就不改，并说出现了几次", async () => {
+  const { planMutation } = await import("../scripts/model/faults.js");
+  const fault = { mutation: [{ find: "  if (this.activeRun === run) this.activeRun = undefined;", replace: "  this.activeRun = undefined;" }] };
+  const mine = "class A {\n\tfinish(run) {\n\t\tif (this.activeRun===run)\n\t\t\tthis.activeRun = undefined;\n\t}\n}\n";
+  const plan = planMutation(fault, mine);
+  assert.equal(plan.ok, true);
+  if (plan.ok) assert.equal(plan.mutated, "class A {\n\tfinish(run) {\n\t\t  this.activeRun = undefined;\n\t}\n}\n");
+  const absent = planMutation(fault, "class A {\n\tfinish(run) { this.current = undefined; }\n}\n");
+  assert.deepEqual(absent, { ok: false, reason: "第 1 处修改要找的代码在文件里出现了 0 次（需要恰好 1 次）" });
+  const twice = planMutation(fault, `${mine}${mine}`);
+  assert.deepEqual(twice, { ok: false, reason: "第 1 处修改要找的代码在文件里出现了 2 次（需要恰好 1 次）" });
+});

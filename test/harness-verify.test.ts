@@ -68,3 +68,14 @@ test("讲义故障练习一节的检查：命令块只能是清单里故障的 f
     "行内命令在练习目录里不能照原样运行：npm run lab -w @pi/course -- 9.1 或 9.2",
   ]);
 });
+
+test("讲义验收记录的故障行：有的话必须与清单的故障一一对应、按清单顺序、紧挨在 chapter total 之前", async () => {
+  const { recordFaultLineProblems } = await import("../scripts/model/verify.js");
+  const chapter = { faults: [{ id: "a", lab: "9.2" }, { id: "b", lab: "9.4" }] as never };
+  const guide = (record: string): string => `## 验收清单\n\n\`\`\`text\nLab 9.1: 2/2\n${record}chapter total: 11/11\n\`\`\`\n\n## 小结\n`;
+  assert.deepEqual(recordFaultLineProblems(guide(""), chapter), [], "没有故障行的记录不检查");
+  assert.deepEqual(recordFaultLineProblems(guide("fault a: Lab 9.2 red → green\nfault b: Lab 9.4 red → green\n"), chapter), []);
+  assert.equal(recordFaultLineProblems(guide("fault b: Lab 9.4 red → green\nfault a: Lab 9.2 red → green\n"), chapter).length, 1, "顺序错了");
+  assert.equal(recordFaultLineProblems(guide("fault injection: a red\n"), chapter).length, 1, "旧写法");
+  assert.equal(recordFaultLineProblems(guide("fault a: Lab 9.2 red → green\n"), chapter).length, 1, "少了一个故障");
+});

@@ -5,7 +5,7 @@ import fs from "fs-extra";
 import { type Checkpoint, chapterNumber, declaredFiles, totalTests } from "./manifest.js";
 import { type HistoryInfo, changedFiles, materialize, showFile, stalePins } from "./history.js";
 import { faultInPractice } from "./practice-fault.js";
-import { PENDING_FAULT } from "./practice-state.js";
+import { PENDING_FAULT, faultLine } from "./practice-state.js";
 import { courseTableCurrent } from "./docs.js";
 import { FORBIDDEN_IN_PRACTICE, faultCommand, readPracticeManifest, unsealFault, writePracticeTree } from "./practice-tree.js";
 import { PACKAGE_DIR, ROOT, inTree } from "./paths.js";
@@ -129,6 +129,26 @@ export function faultSectionProblems(text: string, c: Pick<Checkpoint, "id" | "l
   return problems;
 }
 
+/**
+ * The acceptance record (the ```text block with `chapter total`) shows what `lab -- N` prints in a practice folder.
+ * Its fault lines, when it has any, are exactly `fault <id>: Lab N.M red → green` for each fault of the manifest, in
+ * the manifest's order, just before `chapter total` (a record without fault lines is not checked).
+ */
+export function recordFaultLineProblems(text: string, c: Pick<Checkpoint, "faults">): string[] {
+  const section = guideSection(text, "## 验收清单");
+  const record = section === undefined ? undefined : [...section.matchAll(/```text\n([\s\S]*?)```/g)].map((m) => m[1]!).find((b) => b.includes("chapter total:"));
+  if (record === undefined) return [];
+  const lines = record.split("\n").map((line) => line.trim()).filter(Boolean);
+  const given = lines.filter((line) => line.startsWith("fault"));
+  if (given.length === 0) return [];
+  const expected = c.faults.map((f) => faultLine(f));
+  const total = lines.findIndex((line) => line.startsWith("chapter total:"));
+  const expectedPlace = lines.slice(total - expected.length, total);
+  return given.join("\n") === expected.join("\n") && expectedPlace.join("\n") === expected.join("\n")
+    ? []
+    : [`验收记录的故障行应是（紧挨在 chapter total 之前）：${expected.join(" / ")}；现在是：${given.join(" / ")}`];
+}
+
 export async function verifyCheckpoint(c: Checkpoint, info: HistoryInfo, work: string): Promise<CheckpointVerdict> {
   const started = Date.now();
   const findings: Finding[] = [];
@@ -157,6 +177,7 @@ export async function verifyCheckpoint(c: Checkpoint, info: HistoryInfo, work: s
     for (const section of GUIDE_SECTIONS) if (!text.includes(section)) fail("讲义", `${c.guide} 缺少小节 ${section}`);
     if (!text.includes(`chapter total: ${totalTests(c)}/`)) fail("讲义", `${c.guide} 的验收清单缺少 chapter total 记录`);
     for (const problem of faultSectionProblems(text, c)) fail("讲义", `${c.guide} 的 ## 故障练习：${problem}`);
+    for (const problem of recordFaultLineProblems(text, c)) fail("讲义", `${c.guide} 的 ## 验收清单：${problem}`);
   }
 
   // hint ladder: every lab has its three rungs, and no rung quotes a line of the chapter's solution
