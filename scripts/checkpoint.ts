@@ -45,7 +45,7 @@ function card(c: Checkpoint, info: HistoryInfo): string {
     `  npm run practice -w @pi/course -- ${c.id} ../pi-practice-${c.id}`,
     `  cd ../pi-practice-${c.id} && npm install`,
     "  npm run build -w @pi/course",
-    `  node --test --test-name-pattern="Lab ${n}.1" ${focusedGlob(c.id)}`,
+    `  node --test --test-name-pattern="^Lab ${n}\\.1 · " ${focusedGlob(c.id)}`,
     `  npm run lab -w @pi/course -- ${n}.1                 # 同上，锚定匹配并逐条说明失败`,
     `  npm run lab -w @pi/course -- ${n}                   # 全章验收：chapter total ${total}/${total}`,
     `  npm run fault -w @pi/course -- ${c.id} ${c.faults[0]!.id}   # 全章变绿后，在练习目录里运行`,

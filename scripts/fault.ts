@@ -35,9 +35,19 @@ function practiceFault(dir: string, chapterArg: string, faultId: string, courseF
   return { spec, fault: pickFault(spec.id, faults, faultId) };
 }
 
+/** Only a chapter given: name its fault exercises and the command for each, then stop (exit 2, like the usage). */
+function listFaults(chapterArg: string): never {
+  const faults = isPracticeRoot()
+    ? (() => { const spec = readPracticeManifest(ROOT); return { id: spec.id, list: (spec.faults ?? []).map(unsealFault) }; })()
+    : (() => { const c = findCheckpoint(loadCheckpoints(), chapterArg, USAGE); return { id: c.id, list: c.faults }; })();
+  const lines = faults.list.map((f) => `  npm run fault -w @pi/course -- ${faults.id} ${f.id}   # Lab ${f.lab}`);
+  throw new CourseError([`缺少故障 id。第 ${faults.id} 章的故障练习：`, ...(lines.length > 0 ? lines : ["  （无）"])].join("\n"), 2);
+}
+
 await main(async (args) => {
   const dirArg = takeOption(args, "--dir");
   rejectUnknownOptions(args);
+  if (args.length === 1) listFaults(args[0]!);
   if (args.length !== 2) throw new CourseError(USAGE, 2);
   const [chapterArg, faultId] = args as [string, string];
 

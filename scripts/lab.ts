@@ -38,12 +38,12 @@ function practiceFoldersOf(id: string): string[] {
 }
 
 /** In the course root the lab runs the course's own answer: say so, and where the learner's own folder is. */
-function courseRootBanner(id: string, arg: string): string {
+function courseRootBanner(id: string, arg: string, after = false): string {
   const folders = practiceFoldersOf(id);
   const where = folders.length > 0
     ? `你的第 ${id} 章练习目录：${folders.map(quotePath).join("、")}；在那里运行：cd ${quotePath(folders[folders.length - 1]!)} && npm run lab -w @pi/course -- ${arg}`
     : `还没有第 ${id} 章的练习目录，先建一个：npm run practice -w @pi/course -- ${id} ../pi-practice-${id}`;
-  return `这里是课程仓库：下面跑的是课程自己的答案，不是你的代码。${where}`;
+  return `这里是课程仓库：${after ? "上面" : "下面"}跑的是课程自己的答案，不是你的代码。${where}`;
 }
 
 function chapterSpec(id: string): ChapterSpec {
@@ -104,20 +104,24 @@ async function once(id: string, lab: string | undefined, watching = false,
   if (tampered.length > 0)
     console.log(`⚠ 测试文件与练习目录创建时不同：${tampered.join("、")}。改过的测试量不出你的代码，下面的结果不算数；恢复：npm run reset -w @pi/course -- tests`);
   // The acceptance record carries a line per fault exercise run to the end in this folder, in the guide's order.
-  const done = own && lab === undefined ? readFaultsDone(ROOT) : [];
+  // Only a green chapter shows them: after a reset or a new red, those exercises no longer describe this code.
+  const done = own && lab === undefined && report.ok ? readFaultsDone(ROOT) : [];
   const faults = (own?.faults ?? []).filter((f) => done.some((d) => d.id === f.id)).map(faultLine);
   console.log(formatLabReport(report, lab === undefined, faults));
   if (report.ok) {
     const suffix = tampered.length > 0 ? "（但测试被改过，这次通过不算数）" : "";
-    console.log(lab ? `Lab ${lab} 全部通过${suffix}。下一步：继续下一个 lab，或运行整章 npm run lab -w @pi/course -- ${Number(id)}` : `第 ${id} 章全部通过${suffix}。`);
+    const last = spec.labs !== undefined && spec.labs[spec.labs.length - 1]?.id === lab;
+    const next = last ? "这是本章最后一个 lab；下一步：运行整章验收" : "下一步：继续下一个 lab，或运行整章";
+    console.log(lab ? `Lab ${lab} 全部通过${suffix}。${next} npm run lab -w @pi/course -- ${Number(id)}` : `第 ${id} 章全部通过${suffix}。`);
     if (own && lab === undefined && tampered.length === 0) for (const line of nextSteps(own)) console.log(line);
   } else {
     const wait = firstWait(report);
     if (wait) console.log(`Lab ${wait.lab} 等待 Lab ${wait.waiting}：先完成 Lab ${wait.waiting}（npm run lab -w @pi/course -- ${wait.waiting}），再回来。`);
     else console.log(watching ? "先看第一条失败：它说明了缺什么；改完保存即可。" : "先看第一条失败：它说明了缺什么；改完保存后重新运行同一条命令（或加 --watch 让它自动重跑）。");
   }
-  if (banner) console.log(banner);
-  return report.ok;
+  if (banner) console.log(courseRootBanner(id, arg, true));
+  // A green run over changed tests proves nothing: scripts and CI must not read it as a pass.
+  return report.ok && tampered.length === 0;
 }
 
 /** Scripts and CI get a non-zero exit for a red run; a learner at a terminal gets the harness's own last line. */

@@ -65,7 +65,7 @@ await main(async (args) => {
     `  cd ${quotePath(shown)}`,
     "  npm install",
     "  npm run build -w @pi/course",
-    `  node --test --test-name-pattern="Lab ${n}.1" ${focusedGlob(c.id)}`,
+    `  node --test --test-name-pattern="^Lab ${n}\\.1 · " ${focusedGlob(c.id)}`,
     `  npm run lab -w @pi/course -- ${n}.1`,
     c.mode === "观察" ? "观察模式：测试应当已经全绿，先预测输出再运行。" : `第一次红灯应当是：${c.firstRed}`,
   ].join("\n"));

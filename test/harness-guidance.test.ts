@@ -163,3 +163,26 @@ test("lab --held-out：在 target 的临时副本上运行学习者的教学文�
   assert.equal(none.code, 2);
   assert.match(none.stderr, /没有保留测试/);
 });
+
+test("fault 只给章节时列出本章的故障练习；最后一个 lab 变绿时指向整章验收；测试被改过时即使全绿，脚本看到的也是非零退出", async () => {
+  const listed = await course(REPO, "fault", [chapter.id]);
+  assert.equal(listed.code, 2);
+  for (const f of chapter.faults) assert.ok(listed.stderr.includes(`npm run fault -w @pi/course -- ${chapter.id} ${f.id}`), listed.stderr);
+  const lastLab = chapter.labs[chapter.labs.length - 1]!.id;
+  const last = await course(REPO, "lab", [lastLab]);
+  assert.equal(last.code, 0, last.stderr);
+  assert.ok(last.stdout.includes(`Lab ${lastLab} 全部通过。这是本章最后一个 lab；下一步：运行整章验收 npm run lab -w @pi/course -- ${n}`), last.stdout);
+
+  const dir = path.join(scratch, "tampered");
+  const created = await course(REPO, "practice", [chapter.id, dir], { caller: scratch });
+  assert.equal(created.code, 0, created.stderr);
+  await linkNodeModules(dir);
+  for (const file of chapter.teachingFiles) await fs.copy(at(REPO, file), at(dir, file));
+  const green = await course(dir, "lab", [String(n)]);
+  assert.equal(green.code, 0, green.stdout);
+  const test = at(dir, chapter.focusedTest);
+  await fs.writeFile(test, (await fs.readFile(test, "utf8")).replace(/assert\./g, "void assert."));
+  const tampered = await course(dir, "lab", [String(n)]);
+  assert.match(tampered.stdout, /⚠ 测试文件与练习目录创建时不同/);
+  assert.equal(tampered.code, 1, "输出不是终端：改过测试的“全绿”不能以 0 退出");
+});

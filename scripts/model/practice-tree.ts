@@ -210,7 +210,7 @@ export function learningText(c: Checkpoint, info: HistoryInfo, dest: string): st
     "```bash",
     "npm install",
     "npm run build -w @pi/course",
-    `node --test --test-name-pattern="Lab ${n}.1" ${focusedGlob(c.id)}`,
+    `node --test --test-name-pattern="^Lab ${n}\\.1 · " ${focusedGlob(c.id)}`,
     `npm run lab -w @pi/course -- ${n}.1        # 同一件事：先构建，只跑 Lab ${n}.1（锚定匹配），逐条给出失败原因`,
     `npm run lab -w @pi/course -- ${n}.1 --watch  # 保存文件后自动重跑`,
     `npm run lab -w @pi/course -- ${n}          # 全章验收记录，最后一行是 chapter total`,
