@@ -70,6 +70,8 @@ export async function withMutation<T>(file: string, mutated: string, body: () =>
   const onSignal = (signal: NodeJS.Signals): void => {
     restore();
     console.error(`\n收到 ${signal}：已恢复 ${file}`);
+    // The build of the mutated file may still be in dist/: lab rebuilds by itself, a raw node --test would not.
+    if (record) console.error("dist/ 里可能还是注入故障后的编译结果：npm run lab 会自动重新构建；直接用 node --test 之前先运行 npm run build -w @pi/course。");
     process.exit(EXIT_CODES[signal] ?? 1);
   };
   const signals = Object.keys(EXIT_CODES) as NodeJS.Signals[];
