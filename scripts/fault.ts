@@ -41,7 +41,7 @@ function listFaults(chapterArg: string): never {
     ? (() => { const spec = readPracticeManifest(ROOT); return { id: spec.id, list: (spec.faults ?? []).map(unsealFault) }; })()
     : (() => { const c = findCheckpoint(loadCheckpoints(), chapterArg, USAGE); return { id: c.id, list: c.faults }; })();
   const lines = faults.list.map((f) => `  npm run fault -w @pi/course -- ${faults.id} ${f.id}   # Lab ${f.lab}`);
-  throw new CourseError([`缺少故障 id。第 ${faults.id} 章的故障练习：`, ...(lines.length > 0 ? lines : ["  （无）"])].join("\n"), 2);
+  throw new CourseError([USAGE, `第 ${faults.id} 章的故障练习：`, ...(lines.length > 0 ? lines : ["  （无）"])].join("\n"), 2);
 }
 
 await main(async (args) => {

@@ -167,6 +167,7 @@ test("lab --held-out：在 target 的临时副本上运行学习者的教学文�
 test("fault 只给章节时列出本章的故障练习；最后一个 lab 变绿时指向整章验收；测试被改过时即使全绿，脚本看到的也是非零退出", async () => {
   const listed = await course(REPO, "fault", [chapter.id]);
   assert.equal(listed.code, 2);
+  assert.match(listed.stderr, /^用法：npm run fault/);
   for (const f of chapter.faults) assert.ok(listed.stderr.includes(`npm run fault -w @pi/course -- ${chapter.id} ${f.id}`), listed.stderr);
   const lastLab = chapter.labs[chapter.labs.length - 1]!.id;
   const last = await course(REPO, "lab", [lastLab]);
