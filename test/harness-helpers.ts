@@ -29,6 +29,7 @@ export function learnerEnv(extra: Record<string, string> = {}): NodeJS.ProcessEn
   for (const key of Object.keys(env)) if (/^npm_/i.test(key) || key === "INIT_CWD") delete env[key];
   delete env.NODE_TEST_CONTEXT;
   delete env.NODE_OPTIONS;
+  delete env.CI; // CI's own CI=true is not the learner's: a test that wants it passes { CI: "true" }
   return { ...env, NO_COLOR: "1", FORCE_COLOR: "0", ...extra };
 }
 
