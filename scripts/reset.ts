@@ -1,7 +1,7 @@
 // npm run reset -w @pi/course -- 9.1 | 09 | tests   (in a practice folder)
-// Puts files back as the practice folder's first commit has them: the teaching files a lab is built in (9.1), every
-// teaching file of the chapter (09), or the given tests (tests). The learner's version is kept in a backup folder,
-// whose path is printed. Nothing to reset is a one-line refusal. At a terminal it asks before overwriting (unless --yes).
+// Puts files back as the practice folder's first commit has them: the teaching files a lab is built in (9.1; a
+// teaching file without a starter belongs to the labs whose hints name it), every teaching file of the chapter (09),
+// or the given tests (tests). The learner's version is kept in a backup folder, whose path is printed. Nothing to reset is a one-line refusal. At a terminal it asks before overwriting (unless --yes).
 import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
@@ -29,8 +29,8 @@ function selection(practice: PracticeManifest, arg: string): { files: string[]; 
   const parsed = parseChapterArg(arg);
   if (!parsed) throw new CourseError(USAGE, 2);
   if (parsed.id !== practice.id) throw new CourseError(`这个练习目录是第 ${practice.id} 章的；reset 只能恢复本章的文件（例如 ${Number(practice.id)}.1 或 ${practice.id}）。`, 2);
-  const withStarter = [...new Set(Object.values(practice.labFiles ?? {}).flat())];
-  const starters = withStarter.length > 0 ? withStarter : practice.mode === "观察" ? [] : practice.teachingFiles;
+  // The whole chapter: every teaching file, the starter-backed ones and those the learner extends in place.
+  const starters = practice.mode === "观察" ? [] : [...new Set([...Object.values(practice.labFiles ?? {}).flat(), ...practice.teachingFiles])];
   if (!parsed.lab) return { files: starters, what: `第 ${practice.id} 章的教学文件` };
   if (!practice.labs.some((l) => l.id === parsed.lab))
     throw new CourseError(`第 ${practice.id} 章没有 Lab ${parsed.lab}；本章的 lab：${practice.labs.map((l) => l.id).join("、")}`, 2);

@@ -7,6 +7,7 @@ import fs from "fs-extra";
 import { labPattern, loadCheckpoints, totalTests } from "../scripts/model/manifest.js";
 import { ensureHistory } from "../scripts/model/history.js";
 import { formatLabReport } from "../scripts/model/labs.js";
+import { labFiles } from "../scripts/model/practice-tree.js";
 import { quotePath } from "../scripts/model/quote.js";
 import { REPO, at, copyCourse, course, git, lines, linkNodeModules, realChapter, run, tempDir } from "./harness-helpers.js";
 
@@ -181,6 +182,30 @@ test(`reset ${n}.1 从练习目录的第一个提交恢复脚手架，学习者�
   const inCourse = await course(REPO, "reset", [`${n}.1`]);
   assert.equal(inCourse.code, 2);
   assert.match(inCourse.stderr, /^reset 只在练习目录里使用/);
+});
+
+test("没有脚手架的教学文件（第 15 章的 session.ts）归提示里点到它的 lab：reset 15.2 与 reset 15 都把它放回练习目录第一个提交的版本", async () => {
+  const ch15 = checkpoints.find((c) => c.id === "15")!;
+  const file = "packages/pi-course/src/session.ts";
+  assert.ok(ch15.teachingFiles.includes(file) && !ch15.starters.some((s) => s.destination === file), "前提：session.ts 是第 15 章没有脚手架的教学文件");
+  const map = labFiles(ch15);
+  assert.deepEqual(Object.entries(map).filter(([, files]) => files.includes(file)).map(([id]) => id), ["15.2"]);
+
+  const created = await course(REPO, "practice", ["15", "p15"], { caller: scratch });
+  assert.equal(created.code, 0, created.stderr);
+  const dir = path.join(scratch, "p15");
+  await linkNodeModules(dir);
+  const given = await fs.readFile(at(dir, file));
+  await fs.appendFile(at(dir, file), "\n// 学习者的改动\n");
+  const lab = await course(dir, "reset", ["15.2"]);
+  assert.equal(lab.code, 0, lab.stderr);
+  assert.ok(lines(lab.stdout).includes(`已恢复 ${file}（练习目录第一个提交里的版本）`), lab.stdout);
+  assert.deepEqual(await fs.readFile(at(dir, file)), given);
+
+  await fs.appendFile(at(dir, file), "\n// 又改了一次\n");
+  const whole = await course(dir, "reset", ["15"]);
+  assert.equal(whole.code, 0, whole.stderr);
+  assert.deepEqual(await fs.readFile(at(dir, file)), given);
 });
 
 test("依赖的红灯：Lab 9.3 的测试因 Lab 9.2 的脚手架标签失败时，报告写 Lab 9.3 等待 Lab 9.2，而不是把别人的标签当成失败原因", () => {

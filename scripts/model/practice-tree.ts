@@ -83,13 +83,24 @@ function testHashes(dest: string): Record<string, string> {
   return hashes;
 }
 
-/** Lab id → the teaching files whose starter mentions `Lab N.M ` (the files that lab is built in). */
-function labFiles(c: Checkpoint): Record<string, string[]> {
+/**
+ * Lab id → the teaching files that lab is built in: those whose starter mentions `Lab N.M `, and the teaching files
+ * without a starter (the learner extends the parent's version in place) whose name the lab's hints mention.
+ */
+export function labFiles(c: Checkpoint): Record<string, string[]> {
   const map: Record<string, string[]> = {};
   for (const starter of c.starters) {
     const text = fs.readFileSync(inTree(ROOT, starter.source), "utf8");
     for (const lab of c.labs) {
       if (new RegExp(`Lab ${lab.id.replace(".", "\\.")}(?!\\d)`).test(text)) (map[lab.id] ??= []).push(starter.destination);
+    }
+  }
+  if (c.mode === "观察") return map;
+  const withStarter = new Set(c.starters.map((starter) => starter.destination));
+  for (const file of c.teachingFiles.filter((f) => !withStarter.has(f))) {
+    const name = path.posix.basename(file);
+    for (const lab of c.labs) {
+      if (lab.hints.some((hint) => hint.includes(name))) (map[lab.id] ??= []).push(file);
     }
   }
   return map;
