@@ -119,6 +119,18 @@ test("练习目录里的错地方：别的章节的 lab、课程仓库专用的�
     const shown = `npm run ${command} -w @pi/course${args.length > 0 ? ` -- ${args.join(" ")}` : ""}`;
     assert.deepEqual(lines(result.stderr), [`${command} 只能在课程仓库里运行，这里是第 ${chapter.id} 章的练习目录。到课程仓库运行：cd ${REPO} && ${shown}`]);
   }
+  // A folder named relative to where the learner stands becomes absolute: after the cd it still means that folder.
+  const nested = path.join(dir, "notes");
+  await fs.ensureDir(nested);
+  for (const [command, args, shownArgs] of [
+    ["practice", ["13", "../p13"], ["13", path.join(dir, "p13")]],
+    ["checkpoint", ["13", "--checkout", "t13"], ["13", "--checkout", path.join(nested, "t13")]],
+  ] as const) {
+    const result = await course(dir, command, [...args], { caller: nested });
+    assert.equal(result.code, 2, command);
+    const shown = `npm run ${command} -w @pi/course -- ${shownArgs.map(quotePath).join(" ")}`;
+    assert.deepEqual(lines(result.stderr), [`${command} 只能在课程仓库里运行，这里是第 ${chapter.id} 章的练习目录。到课程仓库运行：cd ${REPO} && ${shown}`]);
+  }
 });
 
 test("npm install 之前 build、build 之前跑 node --test、删掉了教学文件：各自说出下一步，而不是找不到模块", async () => {

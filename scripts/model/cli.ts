@@ -30,11 +30,25 @@ function practiceFolderChecks(args: string[]): void {
     // an unreadable manifest: the message below still names the command
   }
   const where = id ? `这里是第 ${id} 章的练习目录` : "这里是练习目录";
-  const shown = `npm run ${command} -w @pi/course${args.length > 0 ? ` -- ${args.map(quotePath).join(" ")}` : ""}`;
+  const shown = `npm run ${command} -w @pi/course${args.length > 0 ? ` -- ${redirectedArgs(command, args).map(quotePath).join(" ")}` : ""}`;
   throw new CourseError(courseRoot && fs.existsSync(path.join(courseRoot, "checkpoints"))
     ? `${command} 只能在课程仓库里运行，${where}。到课程仓库运行：cd ${quotePath(courseRoot)} && ${shown}`
     : `${command} 只能在课程仓库里运行，${where}。到你克隆的课程仓库里运行：${shown}`, 2);
 }
+/**
+ * The arguments as they must be typed in the course repository: a folder the learner named relative to where they
+ * are (practice's folder, the value of --checkout or --dir) becomes absolute, so it still means the same folder
+ * after the `cd`. Chapter ids and flags stay as typed.
+ */
+export function redirectedArgs(command: string, args: string[], caller = process.env.INIT_CWD ?? process.cwd()): string[] {
+  let positional = 0;
+  return args.map((arg, index) => {
+    const afterFolderFlag = index > 0 && (args[index - 1] === "--checkout" || args[index - 1] === "--dir");
+    const isFolder = afterFolderFlag || (command === "practice" && !arg.startsWith("-") && (positional += 1) === 2);
+    return isFolder && !path.isAbsolute(arg) ? path.resolve(caller, arg) : arg;
+  });
+}
+
 export class CourseError extends Error {
   constructor(message: string, readonly exitCode = 1) {
     super(message);
