@@ -9,6 +9,7 @@ import fs from "fs-extra";
 import { loadCheckpoints, totalTests } from "../scripts/model/manifest.js";
 import { ensureHistory } from "../scripts/model/history.js";
 import { withMutation } from "../scripts/model/faults.js";
+import { editLines } from "../scripts/model/practice-fault.js";
 import { REPO, at, collect, course, learnerEnv, realChapter, tempDir, waitFor } from "./harness-helpers.js";
 
 const checkpoints = loadCheckpoints();
@@ -112,4 +113,12 @@ test("planMutation：学习者的缩进和换行与讲义不同也能找到那�
   assert.deepEqual(absent, { ok: false, reason: "第 1 处修改要找的代码在文件里出现了 0 次（需要恰好 1 次）" });
   const twice = planMutation(fault, `${mine}${mine}`);
   assert.deepEqual(twice, { ok: false, reason: "第 1 处修改要找的代码在文件里出现了 2 次（需要恰好 1 次）" });
+});
+
+test("故障的改动按 diff 的读法显示：两边相同的行是上下文，只有真正变了的行带 - 和 +，行尾换行不算一行空行", () => {
+  const emit = '    this.emit({ type: "run_end", runId: run.id, result });';
+  assert.deepEqual(editLines(`${emit}\n`, `${emit}\n    this.activeRun = undefined;\n`), [`  ${emit}`, "+     this.activeRun = undefined;"]);
+  assert.deepEqual(editLines("    await undefined;\n", ""), ["-     await undefined;"]);
+  assert.deepEqual(editLines("a < b", "a <= b"), ["- a < b", "+ a <= b"]);
+  assert.deepEqual(editLines("x\ny\nz\n", "x\nY\nz\n"), ["  x", "- y", "+ Y", "  z"]);
 });

@@ -16,16 +16,38 @@ import { firstLines } from "./tests.js";
 export type Log = (line: string) => void;
 
 /**
+ * One edit as a learner reads a diff: lines both sides share at the start or the end are context ("  "), only the
+ * lines that really change are "- " and "+ "; the newline that ends the last line is not an extra empty line.
+ */
+export function editLines(find: string, replace: string): string[] {
+  const split = (text: string): string[] => {
+    if (text === "") return [];
+    const lines = text.split("\n");
+    if (lines.length > 1 && lines[lines.length - 1] === "") lines.pop();
+    return lines;
+  };
+  const removed = split(find);
+  const added = split(replace);
+  let head = 0;
+  while (head < removed.length && head < added.length && removed[head] === added[head]) head += 1;
+  let tail = 0;
+  while (tail < removed.length - head && tail < added.length - head && removed[removed.length - 1 - tail] === added[added.length - 1 - tail]) tail += 1;
+  return [
+    ...removed.slice(0, head).map((line) => `  ${line}`),
+    ...removed.slice(head, removed.length - tail).map((line) => `- ${line}`),
+    ...added.slice(head, added.length - tail).map((line) => `+ ${line}`),
+    ...removed.slice(removed.length - tail).map((line) => `  ${line}`),
+  ];
+}
+
+/**
  * Shows the fault red and green again in `root` (built already); true when exactly its named test went red and came
  * back. `withRecord` writes the recovery record first (a learner's folder; a temporary copy does not need one).
  */
 export async function exercise(root: string, spec: Pick<PracticeManifest, "focusedTest">, fault: Fault, mutated: string, log: Log, withRecord = true): Promise<boolean> {
   log(`② 注入故障 ${fault.id}：${fault.description}`);
   log(`   文件：${fault.file}`);
-  for (const edit of fault.mutation) {
-    for (const line of edit.find.split("\n")) log(`   - ${line}`);
-    for (const line of edit.replace.split("\n")) log(`   + ${line}`);
-  }
+  for (const edit of fault.mutation) for (const line of editLines(edit.find, edit.replace)) log(`   ${line}`);
   log(`③ 构建并运行整份聚焦测试（应当只有 "${fault.test}" 变红）：`);
   const record = { path: path.join(root, PENDING_FAULT), fault: fault.id, repoFile: fault.file };
   const run = await injectFault(root, spec, fault, mutated, withRecord ? record : undefined);

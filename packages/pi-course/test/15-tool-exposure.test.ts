@@ -572,7 +572,11 @@ test("Lab 15.4 · 经过循环：同一条消息里抢先调用被拒，下一�
   const result = await runAgentLoop({ model, tools: registry, context: { messages: [userMessage("查一下 Jira")] } });
 
   const results = toolResults(result.messages);
-  assert.deepEqual(results.map((item) => [item.toolCallId, item.isError]), [["s1", false], ["j1", true], ["j2", false]]);
+  assert.deepEqual(
+    results.map((item) => [item.toolCallId, item.isError]),
+    [["s1", false], ["j1", true], ["j2", false]],
+    "与 tool_search 同一批的 jira_search（j1）面对的是这一批写下时的名单，必须是失败结果；下一批的 j2 才能调用",
+  );
   assert.match(resultText(results[0]!), /Loaded 1 tool\./);
   assert.equal(resultText(results[1]!), "Tool jira_search failed: 工具未声明给模型");
   assert.deepEqual(jira.runs, ["PROJ-1"], "抢先的那次调用没有执行");
