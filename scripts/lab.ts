@@ -14,27 +14,13 @@ import { PACKAGE_DIR, PRACTICE_MANIFEST, ROOT, inTree, isPracticeRoot } from "./
 import { faultLine, readFaultsDone, tamperedTests } from "./model/practice-state.js";
 import { type PracticeManifest, faultCommand, readPracticeManifest } from "./model/practice-tree.js";
 import { quotePath } from "./model/quote.js";
-import { recordProgress } from "./model/progress.js";
+import { livePracticeFolders, recordProgress } from "./model/progress.js";
 
 const USAGE = "用法：npm run lab -w @pi/course -- <章.lab | 章> [--watch] [--strict] [--coverage]   例如 13.1（只跑 Lab 13.1）或 13（全章验收）；保留测试：在课程仓库里 npm run lab -w @pi/course -- 14 --held-out --dir <练习目录>";
 
-/** Practice folders next to this checkout that it created, for chapter `id` (the default place is ../pi-practice-NN). */
+/** Practice folders this checkout created for chapter `id`, oldest first (the record practice writes). */
 function practiceFoldersOf(id: string): string[] {
-  const parent = path.dirname(ROOT);
-  const real = (p: string): string => { try { return fs.realpathSync(p); } catch { return p; } };
-  const me = real(ROOT);
-  const found: string[] = [];
-  for (const name of fs.readdirSync(parent).sort()) {
-    const manifest = path.join(parent, name, PRACTICE_MANIFEST);
-    if (!fs.existsSync(manifest)) continue;
-    try {
-      const m = JSON.parse(fs.readFileSync(manifest, "utf8")) as { id?: string; courseRoot?: string };
-      if (m.id === id && m.courseRoot !== undefined && real(m.courseRoot) === me) found.push(path.join(parent, name));
-    } catch {
-      // not ours to judge
-    }
-  }
-  return found;
+  return livePracticeFolders(ROOT).filter((r) => r.id === id).map((r) => r.dir);
 }
 
 /** In the course root the lab runs the course's own answer: say so, and where the learner's own folder is. */

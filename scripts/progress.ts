@@ -1,20 +1,17 @@
 // npm run progress -w @pi/course
 // In a practice folder: runs the chapter once and prints a bar per lab, the next lab to do, its first red and the
 // hint command. In the course root: the practice folders this checkout created, with their last known state.
-import fs from "node:fs";
 import { CourseError, main, rejectUnknownOptions } from "./model/cli.js";
 import { firstLines } from "./model/tests.js";
 import { runLab } from "./model/labs.js";
-import { forgetPracticeFolders, progressBar, readPracticeRecords, readProgress, recordProgress } from "./model/progress.js";
+import { livePracticeFolders, progressBar, readProgress, recordProgress } from "./model/progress.js";
 import { ROOT, isPracticeRoot } from "./model/paths.js";
 import { readPracticeManifest } from "./model/practice-tree.js";
 import { quotePath } from "./model/quote.js";
 
 function courseRootView(): number {
-  const all = readPracticeRecords(ROOT);
   // Folders the learner (or a test run) has since deleted are dropped from the list for good.
-  const records = all.filter((r) => fs.existsSync(r.dir));
-  if (records.length < all.length) forgetPracticeFolders(ROOT, all.filter((r) => !fs.existsSync(r.dir)));
+  const records = livePracticeFolders(ROOT);
   if (records.length === 0) {
     console.log("这个课程仓库还没有创建过练习目录。开始一章：npm run practice -w @pi/course -- 00 ../pi-practice-00");
     return 0;

@@ -104,6 +104,16 @@ test("课程仓库里运行 lab：第一行和最后一行都说明这是课程�
   const expected = `这里是课程仓库：下面跑的是课程自己的答案，不是你的代码。你的第 ${chapter.id} 章练习目录：${folder}；在那里运行：cd ${folder} && npm run lab -w @pi/course -- ${n}.1`;
   assert.equal(withFolder[0], expected);
   assert.equal(withFolder[withFolder.length - 1], expected.replace("下面跑的", "上面跑的"));
+
+  // The banner and progress read the same record: a folder made anywhere is found, a deleted one is forgotten.
+  const elsewhere = path.join(scratch, "root-banner-elsewhere", "mine");
+  const far = await course(copy, "practice", [chapter.id, elsewhere], { caller: copy });
+  assert.equal(far.code, 0, far.stderr);
+  await fs.remove(folder);
+  const moved = lines((await course(copy, "lab", [`${n}.1`])).stdout);
+  assert.equal(moved[0], expected.replaceAll(folder, elsewhere));
+  const listed = await course(copy, "progress", []);
+  assert.ok(listed.stdout.includes(elsewhere) && !listed.stdout.includes(folder), listed.stdout);
 });
 
 test("练习目录里的错地方：别的章节的 lab、课程仓库专用的命令，都说出正确的地方和下一条命令", async () => {

@@ -4,6 +4,7 @@ import fs from "node:fs";
 import path from "node:path";
 import type { LabReport } from "./labs.js";
 import { STATE_DIR } from "./practice-state.js";
+import { PRACTICE_MANIFEST } from "./paths.js";
 
 export interface LabState { passed: number; expected: number; at: string }
 export interface ProgressState { chapter: string; labs: Record<string, LabState> }
@@ -61,4 +62,27 @@ export function progressBar(passed: number, expected: number): string {
 export function forgetPracticeFolders(courseRoot: string, gone: PracticeRecord[]): void {
   const dirs = new Set(gone.map((r) => r.dir));
   writeJson(path.join(courseRoot, STATE_DIR, FOLDERS_FILE), readPracticeRecords(courseRoot).filter((r) => !dirs.has(r.dir)));
+}
+
+/**
+ * The one answer to "which practice folders did this checkout create": the records written at practice time, kept
+ * only while the folder still holds a practice manifest of that chapter made from this checkout (a deleted or
+ * re-used folder is forgotten for good). `lab`'s course-root banner and `progress` both read it.
+ */
+export function livePracticeFolders(courseRoot: string): PracticeRecord[] {
+  const real = (p: string): string => {
+    try {
+      return fs.realpathSync(p);
+    } catch {
+      return p;
+    }
+  };
+  const me = real(courseRoot);
+  const all = readPracticeRecords(courseRoot);
+  const live = all.filter((r) => {
+    const manifest = readJson<{ id?: unknown; courseRoot?: unknown } | undefined>(path.join(r.dir, PRACTICE_MANIFEST), undefined);
+    return manifest?.id === r.id && typeof manifest.courseRoot === "string" && real(manifest.courseRoot) === me;
+  });
+  if (live.length < all.length) forgetPracticeFolders(courseRoot, all.filter((r) => !live.includes(r)));
+  return live;
 }
