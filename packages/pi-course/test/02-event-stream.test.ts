@@ -40,6 +40,16 @@ test("Lab 2.1 · 先推后读：for await 依次读到 delta 和终止事件，r
     { type: "done", value: "final" },
   ]);
   assert.equal(await settleWithin(stream.result(), "result()"), "final");
+
+  // 终止事件之后再推的事件（不论是不是终止事件）都被静默丢弃：新的读取什么也读不到，终值不变。
+  stream.push({ type: "delta", value: "late" });
+  stream.push({ type: "done", value: "again" });
+  const afterDone: Event[] = [];
+  for await (const event of stream) {
+    afterDone.push(event);
+  }
+  assert.deepEqual(afterDone, [], "终止事件之后推入的事件不该再被读到");
+  assert.equal(await settleWithin(stream.result(), "result()"), "final");
 });
 
 test("Lab 2.2 · 先读后推：等待中的 next() 直接拿到事件，end 让迭代结束并定下终值", async () => {
@@ -58,4 +68,19 @@ test("Lab 2.2 · 先读后推：等待中的 next() 直接拿到事件，end 让
   assert.deepEqual(await settleWithin(afterEnd, "end() 唤醒的 next()"), { value: undefined, done: true });
   assert.deepEqual(await settleWithin(iterator.next(), "end() 之后新的 next()"), { value: undefined, done: true });
   assert.equal(await settleWithin(stream.result(), "result()"), "A");
+
+  // end 之后流就结束了：再推的事件被丢弃，新开的迭代器立即结束，终值仍是 "A"。
+  stream.push({ type: "delta", value: "late" });
+  const fresh = stream[Symbol.asyncIterator]();
+  assert.deepEqual(await settleWithin(fresh.next(), "end() 之后新开迭代器的 next()"), { value: undefined, done: true });
+  assert.equal(await settleWithin(stream.result(), "result()"), "A");
+
+  // 两个等待者：事件按登记顺序各交给一个，第一个事件不会把第二个等待者提前唤醒成“结束”。
+  const shared = makeStream();
+  const earlier = shared[Symbol.asyncIterator]().next();
+  const later = shared[Symbol.asyncIterator]().next();
+  shared.push({ type: "delta", value: "first" });
+  shared.push({ type: "delta", value: "second" });
+  assert.deepEqual(await settleWithin(earlier, "先登记的 next()"), { value: { type: "delta", value: "first" }, done: false });
+  assert.deepEqual(await settleWithin(later, "后登记的 next()"), { value: { type: "delta", value: "second" }, done: false });
 });

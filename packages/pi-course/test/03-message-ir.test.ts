@@ -112,4 +112,25 @@ test("Lab 3.2 · 只推入一个 error 事件：迭代随之结束，result() �
   const result = await stream.result();
   assert.equal(result, failure, "result() 应当是终态事件里的同一个对象");
   assert.equal(result.errorMessage, "连接被对端重置");
+
+  // 对照：增量事件不是终态，done 才是；done 的终值同样是事件里的那条消息本身。
+  const finished = new AssistantMessageEventStream();
+  const partial = assistantMessage([text("写")]);
+  const complete = assistantMessage([text("写完了")]);
+  finished.push({ type: "start", partial });
+  finished.push({ type: "text_delta", contentIndex: 0, delta: "写完了", partial });
+  finished.push({ type: "done", reason: "stop", message: complete });
+  const finishedTypes: ModelEvent["type"][] = [];
+  for await (const event of finished) finishedTypes.push(event.type);
+  assert.deepEqual(finishedTypes, ["start", "text_delta", "done"]);
+  assert.equal(await finished.result(), complete, "done 的终值应当是事件里的同一个对象");
+
+  // 已经有两个消费者在等时推入 error：一个拿到这个事件，另一个随流结束被唤醒，谁都不会挂住。
+  const waited = new AssistantMessageEventStream();
+  const first = waited[Symbol.asyncIterator]().next();
+  const second = waited[Symbol.asyncIterator]().next();
+  waited.push({ type: "error", reason: "aborted", error: failure });
+  assert.deepEqual(await first, { value: { type: "error", reason: "aborted", error: failure }, done: false });
+  assert.deepEqual(await second, { value: undefined, done: true });
+  assert.equal(await waited.result(), failure);
 });
