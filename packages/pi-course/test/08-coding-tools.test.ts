@@ -146,6 +146,16 @@ test("Lab 8.1 · 行数上限与 offset：只显示窗口内的行，并给出�
 
   const beyond = await run(registry, "read", { path: "four.txt", offset: 5 });
   expectError(beyond, /offset=5 超出文件范围；文件共 4 行/);
+
+  // limit 比 maxReadLines 小时以 limit 为准。
+  const one = await run(registry, "read", { path: "four.txt", limit: 1 });
+  assert.equal(expectOk(one), "   1│ one\n\n[已显示第 1-1 行，共 4 行；继续读取：offset=2]");
+  assert.equal(detailsOf<ReadDetails>(one).endLine, 1);
+
+  // unrestricted 模式不做路径检查：cwd 之外的文件照样能读。
+  const elsewhere = await workspace(t, "read-elsewhere");
+  await writeFile(path.join(elsewhere, "far.txt"), "far away");
+  assert.equal(expectOk(await run(registry, "read", { path: path.join(elsewhere, "far.txt") })), "   1│ far away");
 });
 
 test("Lab 8.1 · 字节预算：只返回放得下的完整行，续读从下一行开始，一行都放不下就报错", async (t) => {
@@ -158,6 +168,9 @@ test("Lab 8.1 · 字节预算：只返回放得下的完整行，续读从下一
   const output = expectOk(first);
   assert.equal(output, "   1│ alpha\n\n[已显示第 1-1 行，共 3 行；继续读取：offset=2]");
   assert.ok(Buffer.byteLength(output, "utf8") <= 120);
+  // 预算恰好等于输出的字节数也放得下（“不超过”包含相等）。
+  const exact = tools(root, { containment: "unrestricted", maxReadBytes: Buffer.byteLength(output, "utf8") });
+  assert.equal(expectOk(await run(exact, "read", { path: "mixed.txt" })), output);
   assert.equal(detailsOf<ReadDetails>(first).endLine, 1);
   assert.equal(detailsOf<ReadDetails>(first).truncated, true);
 
@@ -211,6 +224,11 @@ test("Lab 8.2 · workspace 拒绝词法越界和经由符号链接的逃逸，�
   expectError(await run(registry, "edit", { path: "escape/secret.txt", oldText: "secret", newText: "owned" }), /符号链接越过教学 workspace/);
   expectError(await run(registry, "read", { path: "escape/secret.txt" }), /符号链接越过教学 workspace/);
 
+  // 名字以根目录名开头的兄弟目录（root-twin）也在外面：前缀相同不等于在里面。
+  const twin = `${root}-twin`;
+  expectError(await run(registry, "write", { path: `../${path.basename(twin)}/x.txt`, content: "x" }), /路径越过教学 workspace/);
+  assert.equal(existsSync(twin), false, "兄弟目录不该被创建");
+
   assert.equal(await readFile(secret, "utf8"), "secret");
   assert.deepEqual(await readdir(outside), ["secret.txt"]);
 
@@ -218,6 +236,12 @@ test("Lab 8.2 · workspace 拒绝词法越界和经由符号链接的逃逸，�
   const inside = await run(registry, "read", { path: "docs-link/note.txt" });
   assert.equal(expectOk(inside), "   1│ inside");
   assert.equal(detailsOf<ReadDetails>(inside).path, path.join(root, "docs-link", "note.txt"));
+
+  // 打开的不是普通文件也拒绝：字符设备 /dev/null 读起来是空的，不能当成一个空文件交回去。
+  if (process.platform !== "win32") {
+    const loose = tools(root, { containment: "unrestricted" });
+    assert.equal((await run(loose, "read", { path: "/dev/null" })).isError, true, "字符设备不是普通文件");
+  }
 
   // 写 workspace 根目录本身（`.` 或根的绝对路径）：在建任何临时文件之前就拒绝，根目录外面什么也不出现。
   const besideRoot = async () => (await readdir(path.dirname(root))).filter((name) => name.startsWith(`${path.basename(root)}.`));
@@ -306,6 +330,15 @@ test("Lab 8.3 · write 原子替换目录项，覆盖目录时失败且不留临
   );
   assert.ok(runs.every((entry) => entry.queue === runs[0].queue), "write 必须共用同一个队列实例");
   assert.deepEqual(await leftoverTemporaries(root), []);
+
+  // unrestricted 模式不做路径检查：cwd 之外缺失的多级父目录也一并建好。
+  const elsewhere = await workspace(t, "write-elsewhere");
+  const far = path.join(elsewhere, "a", "b", "far.txt");
+  const loose = await run(tools(root, { containment: "unrestricted" }), "write", { path: far, content: "far" });
+  expectOk(loose);
+  assert.deepEqual(detailsOf<WriteDetails>(loose), { path: far, bytes: 3 });
+  assert.equal(await readFile(far, "utf8"), "far");
+  assert.deepEqual(await leftoverTemporaries(elsewhere), []);
 });
 
 test("Lab 8.3 · MutationQueue：同 key 串行、异 key 不等待、失败不卡住后来者", { timeout: 2_000 }, async () => {
@@ -428,6 +461,11 @@ test("Lab 8.4 · 空批次、空 oldText、多处匹配、半批失败都报错�
       },
       pattern: /edits\[1\] 没有匹配/,
     },
+    // 参数本身不合法：在读文件之前就被解析器拒绝。
+    { args: ["words.txt"], pattern: /参数必须是 object/ },
+    { args: { path: "words.txt", edits: [null] }, pattern: /每个 edit 必须是 object/ },
+    { args: { path: "words.txt", edits: [["one", "1"]] }, pattern: /每个 edit 必须是 object/ },
+    { args: { path: "words.txt", oldText: "one" }, pattern: /必须是 string/ },
   ];
   for (const { args, pattern } of cases) {
     expectError(await run(registry, "edit", args), pattern);
@@ -468,6 +506,23 @@ test("Lab 8.5 · bash 在 workspace 里运行，保留退出码，guardrail 拦�
   expectError(await run(registry, "bash", { command: `printf x > ${absoluteTarget}` }), /guardrail/);
   assert.equal(existsSync(path.join(path.dirname(root), escapeName)), false);
   assert.equal(existsSync(absoluteTarget), false);
+  // 行首，以及 ;、&、| 之后的绝对路径，~/ 开头的路径，同样被拦下。
+  for (const command of ["/bin/echo hi", "true;/bin/echo hi", "true&&/bin/echo hi", "echo hi|/bin/cat", "cat ~/notes.txt"]) {
+    expectError(await run(registry, "bash", { command }), /guardrail/);
+  }
+  // 路径中间的 ../（前面不是空白或 ; & |）不算显式越界，命令照常运行。
+  assert.equal(expectOk(await run(registry, "bash", { command: "mkdir -p sub && printf ok > sub/../ok.txt && cat ok.txt" })), "ok");
+  // unrestricted 模式不过 guardrail。
+  assert.equal(expectOk(await run(tools(root, { containment: "unrestricted" }), "bash", { command: "cat /dev/null" })), "(exit 0)");
+
+  // 没有任何输出时报告退出方式：退出码，或者被信号杀死。
+  const silent = await run(registry, "bash", { command: "exit 3" });
+  assert.equal(silent.isError, true);
+  assert.equal(outputOf(silent), "(exit 3)");
+  const killed = await run(registry, "bash", { command: "kill -9 $$" });
+  assert.equal(killed.isError, true);
+  assert.equal(outputOf(killed), "(exit signal)");
+  assert.equal(bashDetails(killed).exitCode, null);
 
   // 命令拿不到看起来像密钥的环境变量（名字含 KEY、TOKEN、SECRET、PASSWORD、CREDENTIAL），除非 allow-list 点名。
   const planted = {
@@ -529,6 +584,19 @@ test("Lab 8.5 · stdout 与 stderr 共用一份字节预算，超出时截断并
     aborted: false,
     truncated: true,
   });
+
+  // 恰好用满预算不算截断。
+  const exact = await run(tools(root, { maxBashOutputBytes: 3 }), "bash", { command: "printf abc" });
+  assert.equal(expectOk(exact), "abc");
+  assert.equal(bashDetails(exact).truncated, false);
+  // 截断点落在多字节字符中间时往前退：提示占 22 字节，留给内容 4 字节，只放得下一个完整的“汉”。
+  const wide = await run(tools(root, { maxBashOutputBytes: 26 }), "bash", { command: "printf '汉字汉字汉字汉字汉字'" });
+  assert.equal(expectOk(wide), "汉\n… [输出已截断]");
+  assert.equal(bashDetails(wide).truncated, true);
+  // 预算比提示本身还小：提示也按 UTF-8 安全地截短，总长仍不超过预算。
+  const narrow = await run(tools(root, { maxBashOutputBytes: 10 }), "bash", { command: "printf abcdefghijklmnop" });
+  assert.equal(expectOk(narrow), "\n… [输");
+  assert.equal(bashDetails(narrow).truncated, true);
 });
 
 test("Lab 8.5 · 超时与取消都结束整个进程组，连忽略 SIGTERM 的孙进程也不放过", { timeout: 10_000 }, async (t) => {
