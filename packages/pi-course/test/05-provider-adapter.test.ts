@@ -535,6 +535,34 @@ test("Lab 5.2 · length 截断时参数保持原始字符串；toolUse 却给了
   assert.equal(broken.result.stopReason, "error");
   assert.equal(broken.result.errorMessage, "Tool write arguments 不是完整 JSON");
   assert.deepEqual(broken.result.content, [cut], "出错时保留已经收到的原始参数");
+
+  // 没给 id 与名字、也没有一个参数字节的工具槽：id 取 call-<provider 下标>，名字为空；toolUse 下空参数按 {} 解析，
+  // 用量缺的字段按 0 计，总数是两者之和。
+  const bare = await consume(
+    createOpenAICompatibleModel({
+      provider: "course",
+      model: "course-model",
+      transport: fixedTransport([
+        { type: "tool", index: 3 },
+        { type: "finish", reason: "tool_calls", usage: { output: 4 } },
+      ]),
+    }).stream(askContext("随便调一个")),
+  );
+  assert.equal(bare.result.stopReason, "toolUse");
+  assert.deepEqual(bare.result.content, [{ type: "toolCall", id: "call-3", name: "", arguments: {}, rawArguments: "" }]);
+  assert.deepEqual(bare.result.usage, { input: 0, output: 4, totalTokens: 4 });
+  // 名字也没有时，残缺 JSON 的错误用 provider 下标指认是哪一个工具槽。
+  const nameless = await consume(
+    createOpenAICompatibleModel({
+      provider: "course",
+      model: "course-model",
+      transport: fixedTransport([
+        { type: "tool", index: 3, argumentsDelta: "{" },
+        { type: "finish", reason: "tool_calls" },
+      ]),
+    }).stream(askContext("随便调一个")),
+  );
+  assert.equal(nameless.result.errorMessage, "Tool 3 arguments 不是完整 JSON");
 });
 
 // ---------------------------------------------------------------------------
@@ -611,6 +639,30 @@ test("Lab 5.3 · 两个交错的工具调用加尾部用量块：逐字节到达
   assert.equal(server.requests.length, 2);
   assert.equal(recorder.calls.length, 2);
   assertNoLeak(chunks, events, result);
+
+  // 宽容的写法同样要认：data: 后面没有空格、单独一行 data、值为 null 的字段、没有 delta 的结束块、重复同一个结束原因、
+  // 用量分两块到达（其中一个字段是 null），以及最后一块之后没有空行就断开的流。
+  const lenientSse = [
+    `data:${JSON.stringify(chunk({ content: "" }))}\n\n`,
+    `data\ndata: ${JSON.stringify({ choices: [{ delta: { tool_calls: [{ index: 0, id: null, type: null, function: { name: "read", arguments: null } }] } }], usage: null })}\n\n`,
+    `data: ${JSON.stringify({ choices: [{ index: 0, finish_reason: "tool_calls" }], usage: { prompt_tokens: 5, completion_tokens: null } })}\n\n`,
+    `data: ${JSON.stringify({ choices: [{ index: 0, delta: {}, finish_reason: "tool_calls" }] })}\n\n`,
+    `data: ${JSON.stringify({ choices: [], usage: { completion_tokens: 2 } })}`,
+  ];
+  const lenient = await startProvider(t, serveFrames(lenientSse));
+  const lenientTransport = createOpenAICompatibleTransport({ baseUrl: lenient.origin, apiKey: API_KEY });
+  const lenientChunks: ProviderChunk[] = [];
+  for await (const item of lenientTransport.stream(request, {})) lenientChunks.push(item);
+  assert.deepEqual(lenientChunks, [
+    { type: "tool", index: 0, name: "read" },
+    { type: "finish", reason: "tool_calls", usage: { input: 5, output: 2 } },
+  ]);
+  const lenientResult = await consume(
+    createOpenAICompatibleModel({ provider: "local", model: "course-model", transport: lenientTransport }).stream(askContext("看看仓库")),
+  );
+  assert.deepEqual(lenientResult.result.content, [{ type: "toolCall", id: "call-0", name: "read", arguments: {}, rawArguments: "" }]);
+  assert.deepEqual(lenientResult.result.usage, { input: 5, output: 2, totalTokens: 7 });
+  assert.equal(lenientResult.result.stopReason, "toolUse");
 });
 
 test("Lab 5.3 · 流结束却没有 finish_reason：以 error 收尾，已到的文本保留", NETWORK_TIMEOUT, async (t) => {
@@ -694,6 +746,7 @@ test("Lab 5.3 · 流到一半中止：最后一个事件是 aborted，partial �
 test("Lab 5.3 · 畸形负载都被拒绝为 Invalid provider chunk，之前到达的内容保留", NETWORK_TIMEOUT, async (t) => {
   const assertNoLeak = guardSecret(t);
   const greeting = frame(chunk({ role: "assistant", content: "你好" }));
+  // detail：讲义给出原文的诊断逐字比对，其余只要求点名出问题的字段（写法与测试里已有的 tool_calls[0].index 一致）。
   const cases: Record<string, { frames: string[]; detail: RegExp }> = {
     "/choices-object": { frames: [greeting, frame({ choices: { 0: { delta: { content: "x" } } } })], detail: /choices must be an array/ },
     "/not-json": { frames: [greeting, frame("{this is not json")], detail: /not valid JSON/ },
@@ -704,6 +757,58 @@ test("Lab 5.3 · 畸形负载都被拒绝为 Invalid provider chunk，之前到�
     "/after-finish": {
       frames: [greeting, frame(chunk({}, "stop")), frame(chunk({ content: "多余" }))],
       detail: /content arrived after finish_reason/,
+    },
+    "/finish-changed": {
+      frames: [greeting, frame(chunk({}, "stop")), frame(chunk({}, "length"))],
+      detail: /finish_reason changed during the stream/,
+    },
+    "/payload-array": { frames: [greeting, frame([chunk({ content: "x" })])], detail: /payload must be an object/ },
+    "/error-payload": {
+      frames: [greeting, frame({ error: { message: "服务过载" } })],
+      detail: /provider returned an error payload: 服务过载/,
+    },
+    "/two-choices": {
+      frames: [greeting, frame({ choices: [{ index: 0, delta: {} }, { index: 1, delta: {} }] })],
+      detail: /only one streamed choice is supported/,
+    },
+    "/empty-choices": { frames: [greeting, frame({ choices: [], usage: null })], detail: /empty choices require usage/ },
+    "/choice-not-object": { frames: [greeting, frame({ choices: ["x"] })], detail: /choices\[0\]/ },
+    "/choice-index": {
+      frames: [greeting, frame({ choices: [{ index: 1.5, delta: {} }] })],
+      detail: /choices\[0\]\.index/,
+    },
+    "/delta-not-object": { frames: [greeting, frame({ choices: [{ index: 0, delta: "x" }] })], detail: /choices\[0\]\.delta/ },
+    "/content-not-string": { frames: [greeting, frame(chunk({ content: 7 }))], detail: /choices\[0\]\.delta\.content/ },
+    "/tool-calls-not-array": { frames: [greeting, frame(chunk({ tool_calls: {} }))], detail: /choices\[0\]\.delta\.tool_calls/ },
+    "/tool-not-object": {
+      frames: [greeting, frame(chunk({ tool_calls: [{ index: 0, function: { arguments: "{}" } }, "x"] }))],
+      detail: /tool_calls\[1\]/,
+    },
+    "/tool-type": {
+      frames: [greeting, frame(chunk({ tool_calls: [{ index: 0, type: "code", function: { arguments: "{}" } }] }))],
+      detail: /tool_calls\[0\]\.type/,
+    },
+    "/tool-function": {
+      frames: [greeting, frame(chunk({ tool_calls: [{ index: 0, id: "call_x", function: "read" }] }))],
+      detail: /tool_calls\[0\]\.function/,
+    },
+    "/tool-id": { frames: [greeting, frame(chunk({ tool_calls: [{ index: 0, id: 7 }] }))], detail: /tool_calls\[0\]\.id/ },
+    "/tool-name": {
+      frames: [greeting, frame(chunk({ tool_calls: [{ index: 0, function: { name: ["read"] } }] }))],
+      detail: /tool_calls\[0\]\.function\.name/,
+    },
+    "/tool-arguments": {
+      frames: [greeting, frame(chunk({ tool_calls: [{ index: 0, function: { arguments: { path: "." } } }] }))],
+      detail: /tool_calls\[0\]\.function\.arguments/,
+    },
+    "/tool-empty": {
+      frames: [greeting, frame(chunk({ tool_calls: [{ index: 0, type: "function", id: null, function: {} }] }))],
+      detail: /tool_calls\[0\] has no tool-call delta/,
+    },
+    "/usage-not-object": { frames: [greeting, frame({ ...chunk({}), usage: 12 })], detail: /usage/ },
+    "/usage-negative": {
+      frames: [greeting, frame({ ...chunk({}), usage: { prompt_tokens: 3, completion_tokens: -1 } })],
+      detail: /usage\.completion_tokens/,
     },
   };
   const server = await startProvider(t, async (response, request) => {
@@ -966,6 +1071,26 @@ test("Lab 5.4 · fetch 失败和 HTTP 错误里的密钥都被替换成 [redacte
         leaked([JSON.stringify(seen.events), JSON.stringify(seen.result)].join("\n"), `偏移 ${offset} 经适配器`);
       }
     }
+  }
+
+  // 没有可说明的内容时消息保持简短：空白的错误体不加冒号，没有 body 的响应与空消息的失败各有固定说法。
+  const plainFailures: Array<[Response | Error, string]> = [
+    [new Response(" \n ", { status: 503 }), "OpenAI-compatible request failed with HTTP 503"],
+    [new Response(null, { status: 200 }), "OpenAI-compatible response has no body"],
+    [new Error(""), "OpenAI-compatible transport failed"],
+  ];
+  for (const [outcome, message] of plainFailures) {
+    const transport = createOpenAICompatibleTransport({
+      baseUrl: "https://provider.invalid/v1",
+      apiKey: API_KEY,
+      fetch: async () => {
+        if (outcome instanceof Error) throw outcome;
+        return outcome;
+      },
+    });
+    const error = await thrownBy(transport);
+    assert.ok(error instanceof Error, message);
+    assert.equal(error.message, message);
   }
 
   // 不是我们的密钥，但同样是 Bearer 凭据（例如代理回显了别人的令牌）：一样替换掉。
