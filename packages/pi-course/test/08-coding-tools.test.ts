@@ -205,6 +205,7 @@ test("Lab 8.2 · workspace 拒绝词法越界和经由符号链接的逃逸，�
   await mkdir(path.join(root, "docs"));
   await writeFile(path.join(root, "docs", "note.txt"), "inside");
   await symlink(path.join(root, "docs"), path.join(root, "docs-link"));
+  const runs = recordMutationRuns(t);
   const registry = tools(root);
 
   // 词法越界：绝对路径或 ../ 指到 workspace 外。
@@ -228,6 +229,7 @@ test("Lab 8.2 · workspace 拒绝词法越界和经由符号链接的逃逸，�
   const twin = `${root}-twin`;
   expectError(await run(registry, "write", { path: `../${path.basename(twin)}/x.txt`, content: "x" }), /路径越过教学 workspace/);
   assert.equal(existsSync(twin), false, "兄弟目录不该被创建");
+  assert.equal(runs.length, 0, "越界的 write 与 edit 在进入修改队列之前就该被拒绝");
 
   assert.equal(await readFile(secret, "utf8"), "secret");
   assert.deepEqual(await readdir(outside), ["secret.txt"]);
@@ -378,6 +380,29 @@ test("Lab 8.3 · MutationQueue：同 key 串行、异 key 不等待、失败不�
   await assert.rejects(failing, /c1 坏了/);
   assert.equal(await after, "c2 照常执行");
   assert.deepEqual(log.slice(-2), ["c1", "c2"]);
+
+  // 前面的操作结束了，但同一个 key 上还有一个在跑：这时新来的操作仍要排在它后面，不能插队。
+  const hold = deferred();
+  const running = deferred();
+  const d1 = queue.run("d", async () => {
+    log.push("d1");
+  });
+  const d2 = queue.run("d", async () => {
+    log.push("d2:start");
+    running.resolve();
+    await hold.promise;
+    log.push("d2:end");
+  });
+  await d1;
+  await running.promise;
+  const d3 = queue.run("d", async () => {
+    log.push("d3");
+  });
+  await new Promise((resolve) => setImmediate(resolve));
+  assert.equal(log.includes("d3"), false, "d3 越过了仍在进行的 d2");
+  hold.resolve();
+  await Promise.all([d2, d3]);
+  assert.deepEqual(log.slice(-4), ["d1", "d2:start", "d2:end", "d3"]);
 });
 
 // ---------------------------------------------------------------------------
@@ -622,6 +647,20 @@ test("Lab 8.5 · 超时与取消都结束整个进程组，连忽略 SIGTERM 的
   assert.equal(bashDetails(cancelled).timedOut, false);
   assert.equal(existsSync(path.join(root, "abort-term.txt")), true);
 
+  // 超时已经开始收尾（SIGTERM 已发出、补发的 SIGKILL 还没到）时又来了取消：两次请求共用同一次终止，结果仍只算超时。
+  const lateController = new AbortController();
+  const lateCancel = run(
+    tools(root, { bashTimeoutMs: 200 }),
+    "bash",
+    { command: "trap 'printf term > late-term.txt' TERM; while :; do sleep 0.05; done" },
+    lateController.signal,
+  );
+  await waitForFile(path.join(root, "late-term.txt"));
+  lateController.abort();
+  const lateResult = await lateCancel;
+  assert.equal(bashDetails(lateResult).timedOut, true, outputOf(lateResult));
+  assert.equal(bashDetails(lateResult).aborted, false, "超时收尾期间的取消不该再记一次");
+
   if (process.platform === "win32") return;
   // 孙进程忽略 SIGTERM，并继承了输出管道：只有整组 SIGKILL 才能让命令在它写下 late.txt 之前结束。
   await writeFile(
@@ -737,6 +776,31 @@ test("Lab 8.6 · Agent 循环用 read → edit → bash 完成一个小任务", 
   assert.equal(await readFile(path.join(root, "status.txt"), "utf8"), "done");
   assert.equal(result.reason, "stop");
   assert.equal(model.requests.length, 4);
+  // 模型看到的是按注册顺序排列的四个工具；edit 的参数说明同时告诉它两种写法。
+  const offered = model.requests[0]!.tools ?? [];
+  assert.deepEqual(
+    offered.map((tool) => tool.name),
+    ["read", "write", "edit", "bash"],
+  );
+  assert.deepEqual(offered.find((tool) => tool.name === "edit")?.parameters, {
+    type: "object",
+    properties: {
+      path: { type: "string" },
+      oldText: { type: "string" },
+      newText: { type: "string" },
+      edits: {
+        type: "array",
+        items: {
+          type: "object",
+          properties: { oldText: { type: "string" }, newText: { type: "string" } },
+          required: ["oldText", "newText"],
+          additionalProperties: false,
+        },
+      },
+    },
+    required: ["path"],
+    additionalProperties: false,
+  });
   assert.deepEqual(
     result.messages.map((message: AgentMessage) => message.role),
     ["user", "assistant", "toolResult", "assistant", "toolResult", "assistant", "toolResult", "assistant"],
