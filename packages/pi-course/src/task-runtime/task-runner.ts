@@ -1,0 +1,483 @@
+// 任务运行时：由运行时自己掌握步骤循环，才能在每一步之后落一个检查点。
+//
+// 第 07 章的 runAgentLoop 把“模型 → 工具 → 模型”整个包在一次调用里，中间的进度只在内存里。
+// TaskRuntime 把同一个循环拆成离散的步骤，每一步之后都提交一个批次：
+//
+//   pending ─started→ running ─(模型调用，要工具)→ waiting_tool ─(每个工具一次检查点)→ running → … → completed
+//
+// - 每次模型调用之后：一个检查点（回复、步骤、token）；若回复要工具，同一批里带上 running → waiting_tool；
+// - 每次工具调用之后：一个检查点（结果、步骤）；全部结果到齐后迁回 running；
+// - 每次迁移：本身就是一个批次。
+// 进程在任何一处死掉，recover() 都从最新的快照接着做：要重做的只有“最后一个检查点之后”的那一步。
+// 带副作用的工具拿到 idempotencyKey(taskId, step)：重做那一步时键不变，工具据此识别出“这件事已经做过”。
+
+import { randomUUID } from "node:crypto";
+import { executeToolCall, failedResult, ToolRegistry, type Tool, type ToolContext } from "../tool.js";
+import type { JsonValue } from "../session.js";
+import type { AgentMessage, AssistantMessage, Model, ToolCall, ToolDefinition, ToolResultMessage } from "../types.js";
+import {
+  checkpoint,
+  createTask,
+  isTerminal,
+  transition,
+  type TaskEvent,
+  type TaskSnapshot,
+  type TaskStep,
+} from "./task-state.js";
+import { jsonCopy, type TaskStore } from "./task-store.js";
+
+// ---------------------------------------------------------------------------
+// 公开类型
+// ---------------------------------------------------------------------------
+
+/** 工具执行时拿到的上下文：第 06 章的 ToolContext 加上任务 id、步骤号和幂等键。 */
+export interface TaskToolContext extends ToolContext {
+  taskId: string;
+  step: number;
+  idempotencyKey: string;
+}
+
+/** 一次模型请求（钩子可以改写它）：要发的消息和工具说明书。 */
+export interface TaskModelRequest {
+  messages: AgentMessage[];
+  tools: ToolDefinition[];
+}
+
+export type ToolGateDecision = { allow: true } | { allow: false; message: string };
+
+/** 模型回复以 error / aborted 收尾时，钩子决定是否重试。 */
+export interface ModelFailureDecision {
+  retry: boolean;
+  /** 距离下一次请求至少等多久（毫秒）；写进快照的 retry.notBefore。 */
+  delayMs?: number;
+  /** 重试前追加进对话的消息（例如把上一次的输出和错误说明放回去）。 */
+  refill?: AgentMessage[];
+  failureClass?: string;
+}
+
+export type CommitReason = "created" | "transition" | "model" | "tool" | "retry";
+
+/** 运行时对外报告的事情：每次提交（已经落盘）、每次模型请求、恢复时重新排队的每个任务。 */
+export type TaskRuntimeEvent =
+  | {
+      kind: "commit";
+      reason: CommitReason;
+      taskId: string;
+      seq: number;
+      version: number;
+      state: TaskSnapshot["state"];
+      at: number;
+      events: TaskEvent[];
+      step?: TaskStep;
+    }
+  | { kind: "model_request"; taskId: string; step: number; at: number; messages: number; tools: string[] }
+  | { kind: "recovered"; taskId: string; state: TaskSnapshot["state"]; version: number; at: number };
+
+/**
+ * 后续章节挂进运行时的地方，核心循环不用改：
+ * - prepareRequest：每次模型请求之前改写请求（预算模式、输出余量）；
+ * - onModelFailure：模型失败时决定重试（次数与 notBefore 写进快照，恢复后照样有效）；
+ * - gateTool：工具执行之前放行或拒绝（拒绝 = 一条普通的配对错误结果，工具不执行）；
+ * - onEvent：审计与观测；在提交兑现之后同步调用，抛错不影响运行。
+ * 传一个数组时按顺序组合：请求依次改写，第一个拒绝的闸门说了算，第一个给出决定的失败钩子说了算。
+ */
+export interface TaskHooks {
+  prepareRequest?(request: TaskModelRequest, snapshot: TaskSnapshot): TaskModelRequest | Promise<TaskModelRequest>;
+  onModelFailure?(
+    reply: AssistantMessage,
+    snapshot: TaskSnapshot,
+  ): ModelFailureDecision | undefined | Promise<ModelFailureDecision | undefined>;
+  gateTool?(call: ToolCall, snapshot: TaskSnapshot): ToolGateDecision | Promise<ToolGateDecision>;
+  onEvent?(event: TaskRuntimeEvent): void;
+}
+
+export interface TaskRuntimeOptions {
+  store: TaskStore;
+  model: Model;
+  tools?: ToolRegistry | readonly Tool[];
+  /** 毫秒时钟；默认 Date.now。快照、事件与 notBefore 都用它。 */
+  clock?: () => number;
+  /** 等待重试；默认用 setTimeout，信号触发时提前结束。 */
+  sleep?: (ms: number, signal?: AbortSignal) => Promise<void>;
+  /** 没有给 id 的任务用它生成 id；默认 randomUUID。 */
+  createId?: () => string;
+  /** 每次请求放在最前面的 system 提示（不进快照）。 */
+  systemPrompt?: string;
+  hooks?: TaskHooks | readonly TaskHooks[];
+}
+
+export interface TaskSpec {
+  id?: string;
+  input: string;
+  type?: string;
+  priority?: number;
+  tokenBudget?: number;
+}
+
+export interface TaskRunOptions {
+  /** 触发时任务在下一个检查点迁到 paused 并返回；之后可以再 run。 */
+  signal?: AbortSignal;
+}
+
+// ---------------------------------------------------------------------------
+// Lab 21.3 · 幂等键
+// ---------------------------------------------------------------------------
+
+/** 同一个任务的同一步永远得到同一个键；不同任务或不同步骤得到不同的键。 */
+export function idempotencyKey(taskId: string, step: number): string {
+  if (typeof taskId !== "string" || taskId === "") throw new Error("taskId 不能为空");
+  if (!Number.isInteger(step) || step < 1) throw new Error(`步骤号必须是正整数：${String(step)}`);
+  return `${taskId}#${step}`;
+}
+
+// >>> 已给出：小工具
+
+function defaultSleep(ms: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    if (signal?.aborted || ms <= 0) return resolve();
+    const timer = setTimeout(done, ms);
+    function done(): void {
+      clearTimeout(timer);
+      signal?.removeEventListener("abort", done);
+      resolve();
+    }
+    signal?.addEventListener("abort", done, { once: true });
+  });
+}
+
+function toolCallsOf(message: AssistantMessage): ToolCall[] {
+  return message.content.filter((block): block is ToolCall => block.type === "toolCall");
+}
+
+function preview(message: ToolResultMessage): string {
+  const body = message.content.map((block) => block.text).join("\n");
+  return body.length <= 200 ? body : `${body.slice(0, 199)}…`;
+}
+
+function finalText(message: AssistantMessage): string {
+  return message.content.flatMap((block) => (block.type === "text" ? [block.text] : [])).join("");
+}
+
+/** 最后一条 assistant 消息里还没有结果的工具调用，按出现顺序。 */
+function pendingCalls(messages: readonly AgentMessage[]): ToolCall[] {
+  let last = -1;
+  for (let index = messages.length - 1; index >= 0; index -= 1) {
+    if (messages[index]!.role === "assistant") {
+      last = index;
+      break;
+    }
+  }
+  if (last === -1) return [];
+  const answered = new Set(
+    messages.slice(last + 1).flatMap((message) => (message.role === "toolResult" ? [message.toolCallId] : [])),
+  );
+  return toolCallsOf(messages[last] as AssistantMessage).filter((call) => !answered.has(call.id));
+}
+
+// <<< 已给出
+
+// ---------------------------------------------------------------------------
+// Lab 21.3 · TaskRuntime
+// ---------------------------------------------------------------------------
+
+export class TaskRuntime {
+  readonly #store: TaskStore;
+  readonly #model: Model;
+  readonly #tools: ToolRegistry;
+  readonly #clock: () => number;
+  readonly #sleep: (ms: number, signal?: AbortSignal) => Promise<void>;
+  readonly #createId: () => string;
+  readonly #systemPrompt: string | undefined;
+  readonly #hooks: readonly TaskHooks[];
+  /** 正在 run 的任务：同一个任务同一时刻只能有一个 run。 */
+  readonly #active = new Set<string>();
+  /** 等待运行的任务 id（submit 与 recover 放进来，drain 按顺序取走）。 */
+  #queue: string[] = [];
+
+  constructor(options: TaskRuntimeOptions) {
+    this.#store = options.store;
+    this.#model = options.model;
+    this.#tools = options.tools instanceof ToolRegistry ? options.tools : new ToolRegistry([...(options.tools ?? [])]);
+    this.#clock = options.clock ?? Date.now;
+    this.#sleep = options.sleep ?? defaultSleep;
+    this.#createId = options.createId ?? randomUUID;
+    this.#systemPrompt = options.systemPrompt;
+    const hooks = options.hooks ?? [];
+    this.#hooks = Array.isArray(hooks) ? [...hooks] : [hooks as TaskHooks];
+  }
+
+  get store(): TaskStore {
+    return this.#store;
+  }
+
+  /** 等待运行的任务 id，按运行顺序。 */
+  queued(): string[] {
+    return [...this.#queue];
+  }
+
+  snapshot(taskId: string): TaskSnapshot | undefined {
+    return this.#store.latest(taskId);
+  }
+
+  /** 一次提交：pending 的第一份快照 + created 事件。id 已存在时拒绝。任务进入等待队列。 */
+  async submit(spec: TaskSpec): Promise<TaskSnapshot> {
+    const taskId = spec.id ?? this.#createId();
+    if (this.#store.latest(taskId) !== undefined) throw new Error(`任务 ${taskId} 已经存在`);
+    const created = createTask(
+      {
+        taskId,
+        input: spec.input,
+        ...(spec.type === undefined ? {} : { type: spec.type }),
+        ...(spec.priority === undefined ? {} : { priority: spec.priority }),
+        ...(spec.tokenBudget === undefined ? {} : { tokenBudget: spec.tokenBudget }),
+      },
+      this.#clock(),
+    );
+    await this.#commit("created", created.snapshot, [created.event]);
+    this.#enqueue(taskId, created.snapshot.priority);
+    return structuredClone(created.snapshot);
+  }
+
+  /**
+   * 启动时调用：存储里每个没结束、也不是 paused 的任务，从它最新的快照重新排队（priority 大的在前）。
+   * 恢复本身不写任何东西——接着跑的那一步会写。返回排好的 id。
+   */
+  async recover(): Promise<string[]> {
+    const ids: string[] = [];
+    for (const snapshot of this.#store.unfinished()) {
+      if (snapshot.state === "paused" || this.#active.has(snapshot.taskId)) continue;
+      ids.push(snapshot.taskId);
+      this.#emit({ kind: "recovered", taskId: snapshot.taskId, state: snapshot.state, version: snapshot.version, at: this.#clock() });
+    }
+    const known = new Set(ids);
+    this.#queue = [...ids, ...this.#queue.filter((id) => !known.has(id))];
+    return ids;
+  }
+
+  /** 依次运行等待队列里的任务，直到队列空或信号触发；返回每个任务跑完时的快照。 */
+  async drain(options: TaskRunOptions = {}): Promise<TaskSnapshot[]> {
+    const finished: TaskSnapshot[] = [];
+    while (this.#queue.length > 0 && options.signal?.aborted !== true) {
+      const taskId = this.#queue.shift()!;
+      finished.push(await this.run(taskId, options));
+    }
+    return finished;
+  }
+
+  /** pending 或 paused 的任务可以取消（一次迁移）。 */
+  async cancel(taskId: string, reason = "取消"): Promise<TaskSnapshot> {
+    const current = this.#require(taskId);
+    const moved = transition(current, "cancelled", "cancelled", { reason }, this.#clock());
+    await this.#commit("transition", moved.snapshot, [moved.event]);
+    this.#queue = this.#queue.filter((id) => id !== taskId);
+    return moved.snapshot;
+  }
+
+  /**
+   * 把一个任务跑到终态或 paused。从存储里最新的快照出发，所以新任务、恢复的任务、暂停后继续的任务走的是同一条路。
+   * 信号触发时在当前一步之后迁到 paused（终态与 paused 不再动）。
+   */
+  async run(taskId: string, options: TaskRunOptions = {}): Promise<TaskSnapshot> {
+    if (this.#active.has(taskId)) throw new Error(`任务 ${taskId} 已经在运行`);
+    this.#active.add(taskId);
+    this.#queue = this.#queue.filter((id) => id !== taskId);
+    try {
+      return await this.#loop(taskId, options.signal);
+    } finally {
+      this.#active.delete(taskId);
+    }
+  }
+
+  async #loop(taskId: string, signal: AbortSignal | undefined): Promise<TaskSnapshot> {
+    let current = this.#require(taskId);
+    if (isTerminal(current.state)) return current;
+    if (current.state === "pending" || current.state === "paused") {
+      if (signal?.aborted) return current;
+      const event = current.state === "pending" ? "started" : "resumed";
+      const moved = transition(current, "running", event, null, this.#clock());
+      current = await this.#commit("transition", moved.snapshot, [moved.event]);
+    }
+    for (;;) {
+      if (isTerminal(current.state)) return current;
+      if (signal?.aborted) return this.#pause(current, "信号触发");
+      current = current.state === "waiting_tool" ? await this.#toolStep(current, signal) : await this.#modelStep(current, signal);
+    }
+  }
+
+  /** running：一次模型调用，之后一个批次（回复 + 步骤 + 若要工具则迁到 waiting_tool，或者迁到终态）。 */
+  async #modelStep(current: TaskSnapshot, signal: AbortSignal | undefined): Promise<TaskSnapshot> {
+    const retry = current.context.retry;
+    if (retry !== undefined && retry.notBefore > this.#clock()) {
+      await this.#sleep(retry.notBefore - this.#clock(), signal);
+      if (signal?.aborted) return current;
+    }
+    const step = current.context.currentStep;
+    let request: TaskModelRequest = {
+      messages: [
+        ...(this.#systemPrompt === undefined ? [] : [{ role: "system" as const, content: this.#systemPrompt, timestamp: 0 }]),
+        ...structuredClone(current.context.messages),
+      ],
+      tools: this.#tools.definitions(),
+    };
+    for (const hook of this.#hooks) {
+      if (hook.prepareRequest !== undefined) request = await hook.prepareRequest(request, structuredClone(current));
+    }
+    this.#emit({
+      kind: "model_request",
+      taskId: current.taskId,
+      step,
+      at: this.#clock(),
+      messages: request.messages.length,
+      tools: request.tools.map((tool) => tool.name),
+    });
+    const stream = this.#model.stream(
+      { messages: request.messages, tools: request.tools },
+      signal === undefined ? {} : { signal },
+    );
+    const received = await stream.result();
+    // 信号触发时这次回复不记：检查点停在调用之前，继续时重发同一个请求。
+    if (signal?.aborted) return current;
+    const reply = (jsonCopy(received) as AssistantMessage | undefined) ?? {
+      ...received,
+      content: [],
+      stopReason: "error" as const,
+      errorMessage: "模型回复不能写成 JSON 记录",
+    };
+    const at = this.#clock();
+    const tokens = reply.usage?.totalTokens ?? 0;
+    const calls = toolCallsOf(reply);
+    const recordStep: TaskStep = { stepId: step, type: "model_call", at, stopReason: reply.stopReason, tokens, toolCallIds: calls.map((call) => call.id) };
+    const failed = reply.stopReason === "error" || reply.stopReason === "aborted";
+
+    if (failed) {
+      let decision: ModelFailureDecision | undefined;
+      for (const hook of this.#hooks) {
+        decision = await hook.onModelFailure?.(structuredClone(reply), structuredClone(current));
+        if (decision !== undefined) break;
+      }
+      if (decision?.retry === true) {
+        const attempts = (current.context.retry?.attempts ?? 0) + 1;
+        const next = checkpoint(current, (context) => {
+          context.steps.push(recordStep);
+          context.currentStep = step + 1;
+          context.tokensUsed += tokens;
+          context.messages.push(...((jsonCopy(decision.refill ?? []) as AgentMessage[] | undefined) ?? []));
+          context.retry = {
+            attempts,
+            notBefore: at + Math.max(0, decision.delayMs ?? 0),
+            ...(decision.failureClass === undefined ? {} : { failureClass: decision.failureClass }),
+            lastError: reply.errorMessage ?? reply.stopReason,
+          };
+        }, at);
+        return this.#commit("retry", next, [], recordStep);
+      }
+    }
+
+    const recorded = checkpoint(current, (context) => {
+      context.messages.push(reply);
+      context.steps.push(recordStep);
+      context.currentStep = step + 1;
+      context.tokensUsed += tokens;
+      delete context.retry;
+      if (failed) context.outcome = reply.errorMessage ?? `模型回复以 ${reply.stopReason} 结束`;
+      else if (calls.length === 0) context.outcome = finalText(reply);
+    }, at);
+    // 检查点与迁移在同一批：版本先为检查点加一，再为迁移加一。
+    const to = failed ? "failed" : calls.length > 0 ? "waiting_tool" : "completed";
+    const event = failed ? "model_failed" : calls.length > 0 ? "tool_requested" : "completed";
+    const payload: JsonValue = calls.length > 0 ? { calls: calls.map((call) => call.name) } : { stopReason: reply.stopReason };
+    const moved = transition(recorded, to, event, payload, at);
+    return this.#commit("model", { ...moved.snapshot, version: current.version + 1 }, [moved.event], recordStep);
+  }
+
+  /** waiting_tool：一次执行一个还没有结果的调用，每个之后一个检查点；全部到齐后迁回 running。 */
+  async #toolStep(current: TaskSnapshot, signal: AbortSignal | undefined): Promise<TaskSnapshot> {
+    const call = pendingCalls(current.context.messages)[0];
+    if (call === undefined) {
+      const moved = transition(current, "running", "tool_results", null, this.#clock());
+      return this.#commit("transition", moved.snapshot, [moved.event]);
+    }
+    const step = current.context.currentStep;
+    const key = idempotencyKey(current.taskId, step);
+    let decision: ToolGateDecision = { allow: true };
+    for (const hook of this.#hooks) {
+      if (hook.gateTool === undefined) continue;
+      decision = await hook.gateTool(structuredClone(call), structuredClone(current));
+      if (!decision.allow) break;
+    }
+    let result: ToolResultMessage;
+    if (!decision.allow) {
+      result = failedResult(call, new Error(decision.message));
+    } else {
+      const context: Omit<TaskToolContext, "callId"> = { taskId: current.taskId, step, idempotencyKey: key };
+      if (signal !== undefined) context.signal = signal;
+      result = await executeToolCall(call, this.#tools, context);
+    }
+    const at = this.#clock();
+    const recordedResult =
+      (jsonCopy({ ...result, timestamp: at }) as ToolResultMessage | undefined) ??
+      { ...failedResult(call, new Error("工具结果不能写成 JSON 记录")), timestamp: at };
+    const recordStep: TaskStep = {
+      stepId: step,
+      type: "tool_call",
+      at,
+      tool: call.name,
+      callId: call.id,
+      idempotencyKey: key,
+      isError: recordedResult.isError,
+      result: preview(recordedResult),
+    };
+    const next = checkpoint(current, (context) => {
+      context.messages.push(recordedResult);
+      context.steps.push(recordStep);
+      context.currentStep = step + 1;
+    }, at);
+    return this.#commit("tool", next, [], recordStep);
+  }
+
+  async #pause(current: TaskSnapshot, reason: string): Promise<TaskSnapshot> {
+    if (current.state !== "running" && current.state !== "waiting_tool") return current;
+    const moved = transition(current, "paused", "paused", { reason }, this.#clock());
+    return this.#commit("transition", moved.snapshot, [moved.event]);
+  }
+
+  async #commit(reason: CommitReason, snapshot: TaskSnapshot, events: TaskEvent[], step?: TaskStep): Promise<TaskSnapshot> {
+    const seq = await this.#store.commit({ snapshot, events });
+    const record: TaskRuntimeEvent = {
+      kind: "commit",
+      reason,
+      taskId: snapshot.taskId,
+      seq,
+      version: snapshot.version,
+      state: snapshot.state,
+      at: snapshot.checkpointAt,
+      events: structuredClone(events),
+    };
+    if (step !== undefined) record.step = structuredClone(step);
+    this.#emit(record);
+    return snapshot;
+  }
+
+  #emit(event: TaskRuntimeEvent): void {
+    for (const hook of this.#hooks) {
+      try {
+        hook.onEvent?.(event);
+      } catch {
+        // 观察者的错误属于观察者自己；运行不受影响。
+      }
+    }
+  }
+
+  #require(taskId: string): TaskSnapshot {
+    const snapshot = this.#store.latest(taskId);
+    if (snapshot === undefined) throw new Error(`未知任务 ${taskId}`);
+    return snapshot;
+  }
+
+  #enqueue(taskId: string, priority: number): void {
+    const rest = this.#queue.filter((id) => id !== taskId);
+    const index = rest.findIndex((id) => (this.#store.latest(id)?.priority ?? 0) < priority);
+    rest.splice(index === -1 ? rest.length : index, 0, taskId);
+    this.#queue = rest;
+  }
+}
