@@ -12,7 +12,7 @@
 // 它被忽略、从文件里截掉，并写进 recovery 报告。坏行后面若还有好行，那不是残缺而是损坏：open 拒绝打开。
 
 import { createHash } from "node:crypto";
-import { open as openFile, type FileHandle } from "node:fs/promises";
+import { open as openFile, readFile, type FileHandle } from "node:fs/promises";
 import path from "node:path";
 import type { JsonValue } from "../session.js";
 import { canTransition, isTaskState, isTerminal, type TaskEvent, type TaskSnapshot, type TaskState } from "./task-state.js";
@@ -268,35 +268,30 @@ export class TaskStore {
     const absolute = path.resolve(file);
     const readOnly = options.readOnly === true;
     const fsync = options.fsync !== false;
-    let handle: FileHandle | undefined;
-    let created = false;
+    let bytes: Buffer;
+    let existed = true;
     try {
-      handle = await openFile(absolute, readOnly ? "r" : "r+");
+      bytes = await readFile(absolute);
     } catch (error) {
       if ((error as NodeJS.ErrnoException).code !== "ENOENT") throw error;
-      if (readOnly) return new TaskStore(absolute, undefined, fsync, [], null, false);
-      handle = await openFile(absolute, "wx+");
-      created = true;
+      bytes = Buffer.alloc(0);
+      existed = false;
     }
+    const { batches, torn } = readLines(absolute, bytes);
+    if (readOnly) return new TaskStore(absolute, undefined, fsync, batches, torn, false);
+    // 追加模式：每次 write 都落在文件末尾，截掉尾巴之后也一样。
+    const handle = await openFile(absolute, "a");
     try {
-      const bytes = await handle.readFile();
-      const { batches, torn } = readLines(absolute, bytes);
-      let truncated = false;
-      if (torn !== null && !readOnly) {
+      if (torn !== null) {
         await handle.truncate(torn.offset);
         if (fsync) await handle.sync();
-        truncated = true;
       }
-      if (created && fsync) await syncDirectory(path.dirname(absolute));
-      if (readOnly) {
-        await handle.close();
-        return new TaskStore(absolute, undefined, fsync, batches, torn, false);
-      }
-      return new TaskStore(absolute, handle, fsync, batches, torn, truncated);
+      if (!existed && fsync) await syncDirectory(path.dirname(absolute));
     } catch (error) {
       await handle.close().catch(() => undefined);
       throw error;
     }
+    return new TaskStore(absolute, handle, fsync, batches, torn, torn !== null);
   }
 
   /** 最后一个已确认批次的序号。 */

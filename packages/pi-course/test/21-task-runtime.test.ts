@@ -1,0 +1,482 @@
+// 第 21 章聚焦测试：任务状态机、磁盘上的任务存储、恢复与幂等键。
+// 运行：npm run build -w @pi/course && node --test packages/pi-course/dist/test/21-task-runtime.test.js
+// 按实验过滤：node --test --test-name-pattern="Lab 21.1" packages/pi-course/dist/test/21-*.test.js
+//
+// 存储测试用真实的文件（系统临时目录里，测试结束就删掉）；“崩溃”用永远不返回的工具模拟：
+// 进程死在那一刻与“那之后什么都不再发生”对存储来说是一回事。真的 SIGKILL 在 test/task-crash.test.ts 里。
+
+import assert from "node:assert/strict";
+import { mkdtemp, readFile, rm, stat, writeFile, appendFile } from "node:fs/promises";
+import { createHash } from "node:crypto";
+import os from "node:os";
+import path from "node:path";
+import test from "node:test";
+
+import { ScriptedModel } from "../src/scripted-model.js";
+import { objectSchema, stringValue, type Tool } from "../src/tool.js";
+import { assistantMessage, text, type AssistantMessage, type ToolCall } from "../src/types.js";
+import {
+  InvalidTransition,
+  TASK_STATES,
+  TASK_TRANSITIONS,
+  canTransition,
+  createTask,
+  isTerminal,
+  transition,
+  type TaskSnapshot,
+  type TaskState,
+} from "../src/task-runtime/task-state.js";
+import { TaskStore, TaskStoreCorrupt, TaskStoreRejected } from "../src/task-runtime/task-store.js";
+import { TaskRuntime, idempotencyKey, type TaskRuntimeEvent, type TaskToolContext } from "../src/task-runtime/task-runner.js";
+
+// ---------------------------------------------------------------------------
+// 夹具
+// ---------------------------------------------------------------------------
+
+/** 只作挂起保护；断言从不依赖耗时。 */
+const HANG_GUARD = { timeout: 10_000 };
+
+/** 种子里的迁移表，逐条写出来对照。 */
+const SEED_TABLE: Record<TaskState, TaskState[]> = {
+  pending: ["running", "cancelled"],
+  running: ["waiting_tool", "completed", "failed", "paused"],
+  waiting_tool: ["running", "failed", "paused"],
+  paused: ["running", "cancelled"],
+  completed: [],
+  failed: [],
+  cancelled: [],
+};
+
+async function withDir<T>(body: (dir: string) => Promise<T>): Promise<T> {
+  const dir = await mkdtemp(path.join(os.tmpdir(), "pi-course-21-"));
+  try {
+    return await body(dir);
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+}
+
+/** 一个可以测的时钟：每读一次前进 1 毫秒。 */
+function steppingClock(start = 1_000): () => number {
+  let now = start;
+  return () => now++;
+}
+
+function reply(content: AssistantMessage["content"], stopReason: AssistantMessage["stopReason"], tokens = 10): AssistantMessage {
+  return assistantMessage(content, stopReason, {
+    provider: "scripted",
+    model: "scripted-1",
+    timestamp: 7,
+    usage: { input: tokens - 2, output: 2, totalTokens: tokens },
+  });
+}
+
+function call(id: string, entry: string): ToolCall {
+  return { type: "toolCall", id, name: "ledger", arguments: { entry } };
+}
+
+interface Deferred {
+  promise: Promise<void>;
+  resolve(): void;
+}
+
+function deferred(): Deferred {
+  let resolve!: () => void;
+  const promise = new Promise<void>((done) => {
+    resolve = done;
+  });
+  return { promise, resolve };
+}
+
+/**
+ * 带副作用的记账工具：副作用记在一个按幂等键去重的账本里（像一个认 request_id 的下单接口）。
+ * crashAfterEffect 里的那几次调用在副作用发生之后永远不返回——进程就死在“做完了、还没记下”的那一刻。
+ */
+function ledgerTool(book: Map<string, string>, options: { crashAfterEffect?: number[]; started?: Deferred } = {}) {
+  const seen: { key: string; entry: string; repeated: boolean }[] = [];
+  const tool: Tool<{ entry: string }> = {
+    name: "ledger",
+    description: "往账本里记一笔（按幂等键去重）",
+    schema: objectSchema({ entry: stringValue }),
+    async execute(parameters, context) {
+      const { idempotencyKey: key } = context as TaskToolContext;
+      const repeated = book.has(key);
+      if (!repeated) book.set(key, parameters.entry);
+      seen.push({ key, entry: parameters.entry, repeated });
+      if (options.crashAfterEffect?.includes(seen.length)) {
+        options.started?.resolve();
+        await new Promise(() => {});
+      }
+      return { content: [text(repeated ? `已经记过 ${parameters.entry}` : `记下 ${parameters.entry}`)] };
+    },
+  };
+  return { tool, seen };
+}
+
+function lines(content: string): string[] {
+  return content.split("\n").filter((line) => line !== "");
+}
+
+function snapshotOf(taskId: string, state: TaskState, version = 1): TaskSnapshot {
+  const created = createTask({ taskId, input: "原始问题" }, 100).snapshot;
+  return { ...created, state, version };
+}
+
+// ---------------------------------------------------------------------------
+// Lab 21.1 · 迁移表与事件
+// ---------------------------------------------------------------------------
+
+test("Lab 21.1 · 迁移表就是种子里的七个状态和那几条边：终态没有出边，表是冻结的", () => {
+  for (const from of TASK_STATES) {
+    for (const to of TASK_STATES) {
+      assert.equal(canTransition(from, to), SEED_TABLE[from].includes(to), `${from} → ${to}`);
+    }
+  }
+  assert.deepEqual([...TASK_STATES].sort(), Object.keys(SEED_TABLE).sort());
+  for (const state of TASK_STATES) {
+    assert.deepEqual([...TASK_TRANSITIONS[state]].sort(), [...SEED_TABLE[state]].sort(), state);
+    assert.equal(isTerminal(state), ["completed", "failed", "cancelled"].includes(state), state);
+  }
+  assert.ok(Object.isFrozen(TASK_TRANSITIONS) && Object.isFrozen(TASK_TRANSITIONS.running), "迁移表不能在运行时被改");
+});
+
+test("Lab 21.1 · transition 是纯函数：交回版本加一的新快照和一条带 from/to/event/payload/at 的事件，原快照不变", () => {
+  const created = createTask({ taskId: "t-1", input: "查订单", type: "status_query", priority: 3 }, 100);
+  assert.equal(created.snapshot.state, "pending");
+  assert.equal(created.snapshot.version, 1);
+  assert.equal(created.snapshot.priority, 3);
+  assert.deepEqual(created.snapshot.context.steps, []);
+  assert.equal(created.snapshot.context.currentStep, 1);
+  assert.equal(created.snapshot.context.tokensUsed, 0);
+  assert.equal(created.snapshot.context.type, "status_query");
+  assert.deepEqual(created.event, { taskId: "t-1", from: "pending", to: "pending", event: "created", payload: { priority: 3, type: "status_query" }, at: 100 });
+
+  const before = structuredClone(created.snapshot);
+  const started = transition(created.snapshot, "running", "started", { by: "worker-1" }, 105);
+  assert.deepEqual(created.snapshot, before, "传入的快照一个字节都没变");
+  assert.equal(started.snapshot.state, "running");
+  assert.equal(started.snapshot.version, 2);
+  assert.equal(started.snapshot.checkpointAt, 105);
+  assert.deepEqual(started.snapshot.context, before.context);
+  assert.notEqual(started.snapshot.context, created.snapshot.context, "新快照的 context 是副本");
+  assert.deepEqual(started.event, { taskId: "t-1", from: "pending", to: "running", event: "started", payload: { by: "worker-1" }, at: 105 });
+
+  const waiting = transition(started.snapshot, "waiting_tool", "tool_requested");
+  assert.deepEqual(waiting.event.payload, null, "省略 payload 时是 null");
+  assert.equal(waiting.event.at, 105, "省略 at 时沿用快照的时间");
+  assert.equal(waiting.snapshot.version, 3);
+});
+
+test("Lab 21.1 · 非法迁移在产生任何东西之前抛出 InvalidTransition（带 from 与 to）；终态之后哪里都去不了", () => {
+  let illegal = 0;
+  for (const from of TASK_STATES) {
+    for (const to of TASK_STATES) {
+      if (SEED_TABLE[from].includes(to)) continue;
+      illegal += 1;
+      const snapshot = snapshotOf(`t-${from}`, from, 4);
+      const before = structuredClone(snapshot);
+      assert.throws(
+        () => transition(snapshot, to, "illegal", { x: 1 }, 200),
+        (error: unknown) => error instanceof InvalidTransition && error.from === from && error.to === to && error.message.includes(from) && error.message.includes(to),
+        `${from} → ${to}`,
+      );
+      assert.deepEqual(snapshot, before, `${from} → ${to} 抛出之后快照原样`);
+    }
+  }
+  assert.equal(illegal, 49 - 11, "七个状态两两之间只有 11 条合法边");
+  assert.throws(() => transition(snapshotOf("t", "running"), "sleeping" as TaskState, "x"), InvalidTransition);
+});
+
+// ---------------------------------------------------------------------------
+// Lab 21.2 · 原子批次与残缺的尾巴
+// ---------------------------------------------------------------------------
+
+test("Lab 21.2 · 一批一行：状态、事件与快照写在同一行里并带 sha256 校验和；确认之前不可见，重新打开读回同样的内容", HANG_GUARD, async () => {
+  await withDir(async (dir) => {
+    const file = path.join(dir, "tasks.log");
+    const store = await TaskStore.open(file);
+    assert.equal(store.seq, 0);
+    assert.deepEqual(store.recovery, { file, batches: 0, tasks: 0, unfinished: 0, tornTail: null, truncated: false });
+
+    const created = createTask({ taskId: "a", input: "第一个" }, 10);
+    const pending = store.commit({ snapshot: created.snapshot, events: [created.event] });
+    assert.equal(store.latest("a"), undefined, "commit 兑现之前，谁都看不见这一批");
+    assert.equal(store.seq, 0);
+    assert.equal(await pending, 1);
+    assert.equal(store.latest("a")?.version, 1);
+
+    const started = transition(created.snapshot, "running", "started", null, 11);
+    const waiting = transition(started.snapshot, "waiting_tool", "tool_requested", { calls: ["ledger"] }, 12);
+    const secondCommit = store.commit({ snapshot: started.snapshot, events: [started.event] });
+    assert.equal(store.latest("a")?.state, "pending", "第二批确认之前，看见的还是第一批");
+    assert.equal(await secondCommit, 2);
+    assert.equal(await store.commit({ snapshot: waiting.snapshot, events: [waiting.event] }), 3);
+    assert.equal(store.latest("a")?.state, "waiting_tool");
+    await store.close();
+
+    const content = await readFile(file, "utf8");
+    assert.ok(content.endsWith("\n"));
+    const written = lines(content);
+    assert.equal(written.length, 3, "三批就是三行");
+    written.forEach((line, index) => {
+      const [sum, ...rest] = line.split(" ");
+      const body = rest.join(" ");
+      assert.equal(sum, createHash("sha256").update(body, "utf8").digest("hex"), `第 ${index + 1} 行的校验和覆盖空格之后的全部内容`);
+      const parsed = JSON.parse(body) as { seq: number; snapshot: TaskSnapshot; events: unknown[] };
+      assert.equal(parsed.seq, index + 1);
+      assert.equal(parsed.snapshot.version, index + 1);
+      assert.equal(parsed.events.length, 1, "状态、事件与快照同在一行");
+    });
+
+    const reopened = await TaskStore.open(file);
+    assert.equal(reopened.seq, 3);
+    assert.deepEqual(reopened.latest("a"), waiting.snapshot);
+    assert.deepEqual(reopened.events("a").map((event) => `${event.from}→${event.to}:${event.event}`), [
+      "pending→pending:created",
+      "pending→running:started",
+      "running→waiting_tool:tool_requested",
+    ]);
+    assert.equal(reopened.recovery.tornTail, null);
+    assert.equal(reopened.recovery.unfinished, 1);
+    await reopened.close();
+  });
+});
+
+test("Lab 21.2 · 残缺的尾巴：写到一半的最后一行被忽略、截掉并报告位置；坏行后面还有好行时拒绝打开", HANG_GUARD, async () => {
+  await withDir(async (dir) => {
+    const file = path.join(dir, "tasks.log");
+    const store = await TaskStore.open(file);
+    const created = createTask({ taskId: "a", input: "残缺" }, 10);
+    await store.commit({ snapshot: created.snapshot, events: [created.event] });
+    const started = transition(created.snapshot, "running", "started", null, 11);
+    await store.commit({ snapshot: started.snapshot, events: [started.event] });
+    await store.close();
+    const good = (await stat(file)).size;
+
+    // 第三行只写了一半：没有换行。
+    const full = lines(await readFile(file, "utf8"))[1]!;
+    await appendFile(file, full.slice(0, 40));
+    const first = await TaskStore.open(file);
+    assert.equal(first.seq, 2);
+    assert.equal(first.latest("a")?.state, "running");
+    assert.deepEqual(first.recovery.tornTail, { line: 3, offset: good, bytes: 40, reason: "最后一行没有换行（写到一半）" });
+    assert.equal(first.recovery.truncated, true);
+    assert.equal((await stat(file)).size, good, "残缺的尾巴被截掉，下一行从干净的位置开始");
+    const paused = transition(started.snapshot, "paused", "paused", null, 12);
+    assert.equal(await first.commit({ snapshot: paused.snapshot, events: [paused.event] }), 3);
+    await first.close();
+    const second = await TaskStore.open(file);
+    assert.equal(second.recovery.tornTail, null);
+    assert.equal(second.latest("a")?.state, "paused");
+    await second.close();
+
+    // 最后一行完整但校验和不符：同样是残缺的尾巴。
+    const content = await readFile(file, "utf8");
+    const rows = lines(content);
+    const flipped = rows[2]!.replace('"paused"', '"PAUSED"');
+    await writeFile(file, `${rows[0]}\n${rows[1]}\n${flipped}\n`);
+    const third = await TaskStore.open(file, { readOnly: true });
+    assert.equal(third.seq, 2);
+    assert.equal(third.recovery.tornTail?.line, 3);
+    assert.equal(third.recovery.tornTail?.reason, "校验和不符");
+    assert.equal(third.recovery.truncated, false, "只读打开不改文件");
+    await assert.rejects(third.commit({ snapshot: paused.snapshot, events: [paused.event] }), TaskStoreRejected);
+    await third.close();
+
+    // 坏的是中间一行：后面还有完好的记录，这不是崩溃留下的尾巴。
+    const middle = rows[1]!.replace('"running"', '"RUNNING"');
+    await writeFile(file, `${rows[0]}\n${middle}\n${rows[2]}\n`);
+    await assert.rejects(TaskStore.open(file), (error: unknown) => error instanceof TaskStoreCorrupt && error.line === 2);
+  });
+});
+
+test("Lab 21.2 · 提交前整批检查：版本不连续、事件接不上迁移表、不是 JSON 的值都被拒绝且什么都不写；并发提交按序号排成一行一批", HANG_GUARD, async () => {
+  await withDir(async (dir) => {
+    const file = path.join(dir, "tasks.log");
+    const store = await TaskStore.open(file);
+    const a = createTask({ taskId: "a", input: "一" }, 10);
+    await store.commit({ snapshot: a.snapshot, events: [a.event] });
+    const size = (await stat(file)).size;
+
+    const started = transition(a.snapshot, "running", "started", null, 11);
+    const rejects: [string, Promise<number>][] = [
+      ["版本跳号", store.commit({ snapshot: { ...started.snapshot, version: 5 }, events: [started.event] })],
+      ["重复版本", store.commit({ snapshot: { ...started.snapshot, version: 1 }, events: [started.event] })],
+      ["事件不在迁移表里", store.commit({ snapshot: { ...started.snapshot, state: "completed" }, events: [{ ...started.event, to: "completed" }] })],
+      ["事件链的终点与快照不符", store.commit({ snapshot: { ...started.snapshot, state: "paused" }, events: [started.event] })],
+      ["别的任务的事件", store.commit({ snapshot: started.snapshot, events: [{ ...started.event, taskId: "b" }] })],
+      ["不是 JSON 的值", store.commit({ snapshot: { ...started.snapshot, priority: Number.NaN }, events: [started.event] })],
+      ["新任务没有 created", store.commit({ snapshot: createTask({ taskId: "c", input: "三" }, 1).snapshot, events: [] })],
+    ];
+    for (const [label, promise] of rejects) await assert.rejects(promise, TaskStoreRejected, label);
+    assert.equal(store.seq, 1);
+    assert.equal((await stat(file)).size, size, "被拒绝的批次一个字节都没写");
+    assert.equal(store.latest("a")?.version, 1);
+
+    // 五个任务同时提交：序号连续，每批一行，谁也不丢。
+    const fresh = ["b", "c", "d", "e", "f"].map((id, index) => createTask({ taskId: id, input: id, priority: index }, 20 + index));
+    const seqs = await Promise.all(fresh.map((task) => store.commit({ snapshot: task.snapshot, events: [task.event] })));
+    assert.deepEqual(seqs, [2, 3, 4, 5, 6]);
+    assert.equal(await store.commit({ snapshot: started.snapshot, events: [started.event] }), 7, "拒绝过的任务照常接着提交");
+    await store.close();
+    assert.equal(lines(await readFile(file, "utf8")).length, 7);
+    const reopened = await TaskStore.open(file);
+    assert.deepEqual(reopened.unfinished().map((snapshot) => snapshot.taskId), ["f", "e", "d", "c", "a", "b"], "priority 大的在前，相同时先提交的在前");
+    await reopened.close();
+  });
+});
+
+// ---------------------------------------------------------------------------
+// Lab 21.3 · 恢复与幂等键
+// ---------------------------------------------------------------------------
+
+test("Lab 21.3 · 运行时掌握步骤循环：每次模型调用、每次工具调用、每次迁移各落一个检查点；工具拿到任务 id + 步骤的幂等键", HANG_GUARD, async () => {
+  await withDir(async (dir) => {
+    const store = await TaskStore.open(path.join(dir, "tasks.log"));
+    const book = new Map<string, string>();
+    const { tool, seen } = ledgerTool(book);
+    const model = new ScriptedModel([
+      reply([text("先记两笔"), call("c1", "苹果"), call("c2", "梨")], "toolUse", 30),
+      reply([text("再记一笔"), call("c3", "桃")], "toolUse", 20),
+      reply([text("记完了")], "stop", 5),
+    ]);
+    const events: TaskRuntimeEvent[] = [];
+    const runtime = new TaskRuntime({ store, model, tools: [tool], clock: steppingClock(), hooks: { onEvent: (event) => events.push(event) } });
+    const submitted = await runtime.submit({ id: "order-1", input: "把三样水果记进账本" });
+    assert.equal(submitted.state, "pending");
+    const done = await runtime.run("order-1");
+
+    assert.equal(done.state, "completed");
+    assert.equal(done.context.outcome, "记完了");
+    assert.equal(done.context.tokensUsed, 55);
+    assert.deepEqual(done, store.latest("order-1"), "run 交回的就是存储里最新的快照");
+    assert.deepEqual(
+      done.context.steps.map((step) => (step.type === "tool_call" ? `${step.stepId}:tool:${step.idempotencyKey}` : `${step.stepId}:model:${step.stopReason}`)),
+      ["1:model:toolUse", "2:tool:order-1#2", "3:tool:order-1#3", "4:model:toolUse", "5:tool:order-1#5", "6:model:stop"],
+    );
+    assert.equal(done.context.currentStep, 7);
+    assert.deepEqual(seen.map((item) => item.key), ["order-1#2", "order-1#3", "order-1#5"]);
+    assert.deepEqual([...book.values()], ["苹果", "梨", "桃"]);
+
+    const commits = events.filter((event) => event.kind === "commit");
+    assert.deepEqual(
+      commits.map((event) => `${event.seq}:${event.reason}:${event.state}`),
+      [
+        "1:created:pending",
+        "2:transition:running",
+        "3:model:waiting_tool",
+        "4:tool:waiting_tool",
+        "5:tool:waiting_tool",
+        "6:transition:running",
+        "7:model:waiting_tool",
+        "8:tool:waiting_tool",
+        "9:transition:running",
+        "10:model:completed",
+      ],
+    );
+    assert.deepEqual(commits.map((event) => event.version), [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], "每个批次版本加一");
+    assert.deepEqual(
+      store.events("order-1").map((event) => `${event.from}→${event.to}`),
+      ["pending→pending", "pending→running", "running→waiting_tool", "waiting_tool→running", "running→waiting_tool", "waiting_tool→running", "running→completed"],
+    );
+    // 第二次请求看得见第一轮的两条工具结果。
+    assert.deepEqual(model.requests[1]!.messages.map((message) => message.role), ["user", "assistant", "toolResult", "toolResult"]);
+    assert.equal(idempotencyKey("order-1", 2), "order-1#2");
+    assert.notEqual(idempotencyKey("order-1", 2), idempotencyKey("order-2", 2));
+    assert.notEqual(idempotencyKey("order-1", 2), idempotencyKey("order-1", 3));
+    assert.throws(() => idempotencyKey("order-1", 0));
+    await store.close();
+  });
+});
+
+test("Lab 21.3 · 恢复：新进程打开同一个文件，未结束的任务按优先级重新排队、从最新快照接着做；paused 与终态不动", HANG_GUARD, async () => {
+  await withDir(async (dir) => {
+    const file = path.join(dir, "tasks.log");
+    // 第一个“进程”：提交四个任务，跑完一个、暂停一个，把一个跑到等工具时“死掉”，一个从没开始。
+    const first = await TaskStore.open(file);
+    const crash = deferred();
+    const dying = ledgerTool(new Map(), { crashAfterEffect: [1], started: crash });
+    const hold = new AbortController();
+    const firstRuntime = new TaskRuntime({
+      store: first,
+      model: new ScriptedModel([reply([text("好了")], "stop"), reply([call("c1", "一")], "toolUse")]),
+      tools: [dying.tool],
+      clock: steppingClock(),
+      hooks: { onEvent: (event) => { if (event.kind === "commit" && event.taskId === "held" && event.state === "running") hold.abort(); } },
+    });
+    await firstRuntime.submit({ id: "done", input: "已完成的", priority: 9 });
+    await firstRuntime.submit({ id: "low", input: "低优先级", priority: 1 });
+    await firstRuntime.submit({ id: "high", input: "高优先级", priority: 5 });
+    await firstRuntime.submit({ id: "held", input: "被暂停的", priority: 7 });
+    assert.equal((await firstRuntime.run("done")).state, "completed");
+    assert.equal((await firstRuntime.run("held", { signal: hold.signal })).state, "paused");
+    firstRuntime.run("high").catch(() => undefined);
+    await crash.promise;
+    assert.equal(first.latest("high")?.state, "waiting_tool", "死在工具里：检查点停在等工具");
+    const doneVersion = first.latest("done")!.version;
+    const heldVersion = first.latest("held")!.version;
+    await first.close();
+
+    // 第二个“进程”：同一个文件，全新的存储与运行时。
+    const second = await TaskStore.open(file);
+    assert.equal(second.recovery.unfinished, 3);
+    const book = new Map<string, string>();
+    const { tool } = ledgerTool(book);
+    const model = new ScriptedModel([reply([text("高优先级完成")], "stop"), reply([text("低优先级完成")], "stop")]);
+    const events: TaskRuntimeEvent[] = [];
+    const runtime = new TaskRuntime({ store: second, model, tools: [tool], clock: steppingClock(5_000), hooks: { onEvent: (event) => events.push(event) } });
+    const seqBefore = second.seq;
+    const queued = await runtime.recover();
+    assert.deepEqual(queued, ["high", "low"], "held 是 paused、done 已完成：只剩两个，priority 大的在前");
+    assert.deepEqual(runtime.queued(), ["high", "low"]);
+    assert.equal(second.seq, seqBefore, "恢复本身不写任何东西");
+    assert.deepEqual(events.map((event) => event.kind === "recovered" && `${event.taskId}:${event.state}`), ["high:waiting_tool", "low:pending"]);
+    const versionBefore = second.latest("high")!.version;
+    const results = await runtime.drain();
+    assert.deepEqual(results.map((snapshot) => `${snapshot.taskId}:${snapshot.state}`), ["high:completed", "low:completed"]);
+    const high = second.latest("high")!;
+    assert.equal(high.version, versionBefore + 3, "接着做：工具一步、迁回 running、最后一次模型调用");
+    assert.deepEqual(high.context.steps.map((step) => step.type), ["model_call", "tool_call", "model_call"], "从等工具的那一步接着做，没有重问模型第一轮");
+    assert.equal(model.requests[0]!.messages.at(-1)?.role, "toolResult", "恢复后的第一次请求已经带着工具结果");
+    assert.deepEqual(second.events("high").map((event) => event.to), ["pending", "running", "waiting_tool", "running", "completed"]);
+    assert.equal(second.latest("held")?.state, "paused");
+    assert.equal(second.latest("held")?.version, heldVersion, "paused 的任务一动不动");
+    assert.equal(second.latest("done")?.version, doneVersion, "终态的任务一动不动");
+    await second.close();
+  });
+});
+
+test("Lab 21.3 · 幂等键：工具做完、检查点还没落盘时崩溃，恢复后以同一个键重做这一步，副作用只发生一次", HANG_GUARD, async () => {
+  await withDir(async (dir) => {
+    const file = path.join(dir, "tasks.log");
+    const book = new Map<string, string>();
+    const turns = () => [reply([call("c1", "下单 A"), call("c2", "下单 B")], "toolUse"), reply([text("两单都下了")], "stop")];
+
+    const first = await TaskStore.open(file);
+    const crash = deferred();
+    const dying = ledgerTool(book, { crashAfterEffect: [2], started: crash });
+    const firstRuntime = new TaskRuntime({ store: first, model: new ScriptedModel(turns()), tools: [dying.tool], clock: steppingClock() });
+    await firstRuntime.submit({ id: "buy", input: "下两单" });
+    firstRuntime.run("buy").catch(() => undefined);
+    await crash.promise;
+    const atCrash = first.latest("buy")!;
+    await first.close();
+    assert.equal(atCrash.state, "waiting_tool");
+    assert.deepEqual(atCrash.context.steps.map((step) => step.type), ["model_call", "tool_call"], "第一单的检查点在，第二单的没有");
+    assert.deepEqual([...book.entries()], [["buy#2", "下单 A"], ["buy#3", "下单 B"]], "两单的副作用都已经发生");
+
+    const second = await TaskStore.open(file);
+    const again = ledgerTool(book);
+    const model = new ScriptedModel(turns().slice(1));
+    const runtime = new TaskRuntime({ store: second, model, tools: [again.tool], clock: steppingClock(2_000) });
+    assert.deepEqual(await runtime.recover(), ["buy"]);
+    const done = (await runtime.drain())[0]!;
+    assert.equal(done.state, "completed");
+    assert.deepEqual(again.seen, [{ key: "buy#3", entry: "下单 B", repeated: true }], "只重做了没有检查点的那一步，键与崩溃前相同");
+    assert.equal(book.size, 2, "每单恰好一次");
+    const toolSteps = done.context.steps.filter((step) => step.type === "tool_call");
+    assert.deepEqual(toolSteps.map((step) => step.idempotencyKey), ["buy#2", "buy#3"]);
+    assert.equal(model.requests.length, 1, "模型没有被重问第一轮");
+    await second.close();
+  });
+});
