@@ -239,7 +239,8 @@ export class TaskStore {
   readonly #firstSeq = new Map<string, number>();
   readonly #claims = new Map<string, Claim>();
   #queue: Pending[] = [];
-  #writing: Promise<void> | undefined;
+  #writing: Promise<void> = Promise.resolve();
+  #draining = false;
   #broken: Error | undefined;
   #closed = false;
 
@@ -318,7 +319,10 @@ export class TaskStore {
     this.#claims.set(checked.snapshot.taskId, { version: checked.snapshot.version, state: checked.snapshot.state });
     return new Promise<number>((resolve, reject) => {
       this.#queue.push({ seq, line: encodeLine(seq, checked), batch: checked, resolve, reject });
-      this.#writing ??= this.#drain();
+      if (!this.#draining) {
+        this.#draining = true;
+        this.#writing = this.#drain();
+      }
     });
   }
 
@@ -370,7 +374,7 @@ export class TaskStore {
         item.resolve(item.seq);
       }
     }
-    this.#writing = undefined;
+    this.#draining = false;
   }
 
   #apply(batch: StoredBatch): void {
