@@ -41,6 +41,18 @@ export interface TaskToolContext extends ToolContext {
 export interface TaskModelRequest {
   messages: AgentMessage[];
   tools: ToolDefinition[];
+  /**
+   * 钩子要写进任务对话的消息（例如只写变化的 system section）。钩子自己也要把它们放进 messages，
+   * 模型才看得见；运行时在这次调用的检查点里把它们追加到回复之前。多个钩子的 persist 按顺序连接。
+   */
+  persist?: AgentMessage[];
+  /** 这是最后一次请求：回复里即使还有工具调用也不执行（各配一条未执行的结果），任务直接 completed。 */
+  final?: boolean;
+}
+
+/** 工具调用之后，钩子可以要求暂停任务交给人（例如工具逻辑错误：不自动重试，标记为需要人工）。 */
+export interface ToolResultDecision {
+  pause?: { reason: string; payload?: JsonValue };
 }
 
 export type ToolGateDecision = { allow: true } | { allow: false; message: string };
@@ -53,6 +65,8 @@ export interface ModelFailureDecision {
   /** 重试前追加进对话的消息（例如把上一次的输出和错误说明放回去）。 */
   refill?: AgentMessage[];
   failureClass?: string;
+  /** 写进快照的 retry.attempts；省略时为上一次的 attempts + 1。 */
+  attempts?: number;
 }
 
 export type CommitReason = "created" | "transition" | "model" | "tool" | "retry";
@@ -88,6 +102,12 @@ export interface TaskHooks {
     snapshot: TaskSnapshot,
   ): ModelFailureDecision | undefined | Promise<ModelFailureDecision | undefined>;
   gateTool?(call: ToolCall, snapshot: TaskSnapshot): ToolGateDecision | Promise<ToolGateDecision>;
+  /** 一个工具调用有了结果之后（snapshot 已经含有这条结果，还没提交）；第一个要求暂停的钩子说了算。 */
+  onToolResult?(
+    result: ToolResultMessage,
+    call: ToolCall,
+    snapshot: TaskSnapshot,
+  ): ToolResultDecision | undefined | Promise<ToolResultDecision | undefined>;
   onEvent?(event: TaskRuntimeEvent): void;
 }
 
@@ -104,6 +124,8 @@ export interface TaskRuntimeOptions {
   /** 每次请求放在最前面的 system 提示（不进快照）。 */
   systemPrompt?: string;
   hooks?: TaskHooks | readonly TaskHooks[];
+  /** 单个工具调用最多等多久（毫秒）；到点取消它的 signal，结果是一条超时的失败。省略表示不限。 */
+  toolTimeoutMs?: number;
 }
 
 export interface TaskSpec {
@@ -189,6 +211,7 @@ export class TaskRuntime {
   readonly #createId: () => string;
   readonly #systemPrompt: string | undefined;
   readonly #hooks: readonly TaskHooks[];
+  readonly #toolTimeoutMs: number | undefined;
   /** 正在 run 的任务：同一个任务同一时刻只能有一个 run。 */
   readonly #active = new Set<string>();
   /** 等待运行的任务 id（submit 与 recover 放进来，drain 按顺序取走）。 */
@@ -204,6 +227,7 @@ export class TaskRuntime {
     this.#systemPrompt = options.systemPrompt;
     const hooks = options.hooks ?? [];
     this.#hooks = Array.isArray(hooks) ? [...hooks] : [hooks as TaskHooks];
+    this.#toolTimeoutMs = options.toolTimeoutMs;
   }
 
   get store(): TaskStore {
@@ -298,8 +322,15 @@ export class TaskRuntime {
       current = await this.#commit("transition", moved.snapshot, [moved.event]);
     }
     for (;;) {
-      if (isTerminal(current.state)) return current;
+      // 终态，或者某个钩子把任务交给了人（paused）：这次 run 到此为止。
+      if (isTerminal(current.state) || current.state === "paused") return current;
       if (signal?.aborted) return this.#pause(current, "信号触发");
+      // 从 waiting_tool 暂停后继续：还有没答复的调用，先回到 waiting_tool 把它们做完，配对才完整。
+      if (current.state === "running" && pendingCalls(current.context.messages).length > 0) {
+        const moved = transition(current, "waiting_tool", "tool_requested", { calls: pendingCalls(current.context.messages).map((call) => call.name) }, this.#clock());
+        current = await this.#commit("transition", moved.snapshot, [moved.event]);
+        continue;
+      }
       current = current.state === "waiting_tool" ? await this.#toolStep(current, signal) : await this.#modelStep(current, signal);
     }
   }
@@ -319,8 +350,14 @@ export class TaskRuntime {
       ],
       tools: this.#tools.definitions(),
     };
+    const persist: AgentMessage[] = [];
+    let final = false;
     for (const hook of this.#hooks) {
-      if (hook.prepareRequest !== undefined) request = await hook.prepareRequest(request, structuredClone(current));
+      if (hook.prepareRequest === undefined) continue;
+      const { persist: written, final: last, ...next } = await hook.prepareRequest(request, structuredClone(current));
+      request = next;
+      persist.push(...(written ?? []));
+      final ||= last === true;
     }
     this.#emit({
       kind: "model_request",
@@ -356,7 +393,7 @@ export class TaskRuntime {
         if (decision !== undefined) break;
       }
       if (decision?.retry === true) {
-        const attempts = (current.context.retry?.attempts ?? 0) + 1;
+        const attempts = decision.attempts ?? (current.context.retry?.attempts ?? 0) + 1;
         const next = checkpoint(current, (context) => {
           context.steps.push(recordStep);
           context.currentStep = step + 1;
@@ -373,19 +410,23 @@ export class TaskRuntime {
       }
     }
 
+    // 最后一次请求：回复里的调用一个也不执行，各配一条未执行的结果，任务以文本收尾。
+    const skipped = !failed && final ? calls.map((call) => ({ ...failedResult(call, new Error("这是最后一次请求，工具调用没有执行")), timestamp: at })) : [];
     const recorded = checkpoint(current, (context) => {
-      context.messages.push(reply);
+      context.messages.push(...((jsonCopy(persist) as AgentMessage[] | undefined) ?? []));
+      context.messages.push(reply, ...skipped);
       context.steps.push(recordStep);
       context.currentStep = step + 1;
       context.tokensUsed += tokens;
       delete context.retry;
       if (failed) context.outcome = reply.errorMessage ?? `模型回复以 ${reply.stopReason} 结束`;
-      else if (calls.length === 0) context.outcome = finalText(reply);
+      else if (calls.length === 0 || final) context.outcome = finalText(reply);
     }, at);
     // 检查点与迁移在同一批：版本先为检查点加一，再为迁移加一。
-    const to = failed ? "failed" : calls.length > 0 ? "waiting_tool" : "completed";
-    const event = failed ? "model_failed" : calls.length > 0 ? "tool_requested" : "completed";
-    const payload: JsonValue = calls.length > 0 ? { calls: calls.map((call) => call.name) } : { stopReason: reply.stopReason };
+    const wantsTools = calls.length > 0 && !final;
+    const to = failed ? "failed" : wantsTools ? "waiting_tool" : "completed";
+    const event = failed ? "model_failed" : wantsTools ? "tool_requested" : "completed";
+    const payload: JsonValue = wantsTools ? { calls: calls.map((call) => call.name) } : { stopReason: reply.stopReason };
     const moved = transition(recorded, to, event, payload, at);
     return this.#commit("model", { ...moved.snapshot, version: current.version + 1 }, [moved.event], recordStep);
   }
@@ -411,7 +452,7 @@ export class TaskRuntime {
     } else {
       const context: Omit<TaskToolContext, "callId"> = { taskId: current.taskId, step, idempotencyKey: key };
       if (signal !== undefined) context.signal = signal;
-      result = await executeToolCall(call, this.#tools, context);
+      result = await this.#execute(call, context, signal);
     }
     const at = this.#clock();
     const recordedResult =
@@ -432,7 +473,39 @@ export class TaskRuntime {
       context.steps.push(recordStep);
       context.currentStep = step + 1;
     }, at);
-    return this.#commit("tool", next, [], recordStep);
+    let pause: ToolResultDecision["pause"];
+    for (const hook of this.#hooks) {
+      pause = (await hook.onToolResult?.(structuredClone(recordedResult), structuredClone(call), structuredClone(next)))?.pause;
+      if (pause !== undefined) break;
+    }
+    if (pause === undefined) return this.#commit("tool", next, [], recordStep);
+    // 结果与暂停在同一批：交给人的任务不会在两者之间丢掉“为什么停”。
+    const moved = transition(next, "paused", "needs_human", pause.payload ?? { reason: pause.reason }, at);
+    return this.#commit("tool", { ...moved.snapshot, version: current.version + 1 }, [moved.event], recordStep);
+  }
+
+  /** 执行一个调用；设了 toolTimeoutMs 时到点取消它的 signal，换回一条超时的失败结果。 */
+  async #execute(call: ToolCall, context: Omit<TaskToolContext, "callId">, signal: AbortSignal | undefined): Promise<ToolResultMessage> {
+    const limit = this.#toolTimeoutMs;
+    if (limit === undefined) return executeToolCall(call, this.#tools, context);
+    const controller = new AbortController();
+    const relay = (): void => controller.abort(signal?.reason);
+    if (signal?.aborted) controller.abort(signal.reason);
+    else signal?.addEventListener("abort", relay, { once: true });
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const expired = new Promise<"timeout">((resolve) => {
+      timer = setTimeout(() => resolve("timeout"), limit);
+    });
+    try {
+      const running = executeToolCall(call, this.#tools, { ...context, signal: controller.signal });
+      const first = await Promise.race([running, expired]);
+      if (first !== "timeout") return first;
+      controller.abort(new Error("tool timeout"));
+      return failedResult(call, new Error(`执行超过 ${limit} 毫秒，已经取消`));
+    } finally {
+      clearTimeout(timer);
+      signal?.removeEventListener("abort", relay);
+    }
   }
 
   async #pause(current: TaskSnapshot, reason: string): Promise<TaskSnapshot> {
