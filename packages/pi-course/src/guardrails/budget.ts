@@ -6,7 +6,9 @@
 // - 窗口余量：每一次请求都给模型的输出留 20 % 的窗口。输入超出 80 % 时，从最早的回合开始整轮丢弃
 //   （system 补丁与任务原始输入永远保留，一个工具调用和它的结果总是一起留下或一起丢掉）。
 //
+// 挂进第 21 章运行时的是 createBudgetHooks() 返回的 prepareRequest 钩子：配额与已用量都来自任务快照。
 // section 是“只写变化”的：模式不变就不写补丁；进入 conserve / finish 时写入说明，回到 normal 时写 null 撤掉。
+import type { TaskHooks } from "../task-runtime/task-runner.js";
 import {
   currentSystemMessage,
   type AgentMessage,
@@ -27,6 +29,9 @@ export const DEFAULT_BUDGET_THRESHOLDS: BudgetThresholds = Object.freeze({ conse
 
 /** 每次请求给输出预留的窗口比例。 */
 export const OUTPUT_RESERVE = 0.2;
+
+/** 预算不足时撤下的工具被调用，模型读到的内容。 */
+export const BUDGET_DENIED = "token 预算不足，这个工具现在不可用；请根据已有信息回答。";
 
 /** 预算 section 的名字。 */
 export const BUDGET_SECTION = "budget";
@@ -90,11 +95,11 @@ export interface RequestPlan {
   outputReserve: number;
 }
 
-const SECTION_TEXT: Record<Exclude<BudgetMode, "normal">, (left: number) => string> = {
+const SECTION_TEXT: Readonly<Record<Exclude<BudgetMode, "normal">, (left: number) => string>> = Object.freeze({
   conserve: (left) =>
     `【预算：conserve】本任务的 token 配额只剩 ${left}%，进入节省模式：只保留必要的工具，最多再调用一轮工具，然后根据已有信息给出总结性的回答。`,
   finish: (left) => `【预算：finish】本任务的 token 配额只剩 ${left}%，现在必须收尾：不要再调用任何工具，直接把目前的结果整理成最终回答。`,
-};
+});
 
 /** conserve 模式下，写入 budget section 之后已经用过几轮工具。 */
 export function toolRoundsSinceSection(messages: readonly AgentMessage[], section: string): number {
@@ -196,4 +201,56 @@ export function planRequest(input: PlanRequestInput): RequestPlan {
   };
   if (patch !== undefined) plan.patch = patch;
   return plan;
+}
+
+export interface BudgetHookOptions {
+  /** 模型上下文窗口的大小（token）。 */
+  windowTokens: number;
+  /** 必要工具的名字：conserve 时只留下它们。省略表示没有必要工具。 */
+  essential?: readonly string[];
+  estimate?(message: AgentMessage): number;
+  thresholds?: BudgetThresholds;
+}
+
+/**
+ * 挂进 TaskRuntime 的预算钩子（prepareRequest）：
+ * - 快照里有 tokenBudget：planRequest 决定模式、工具与补丁；补丁通过 persist 写进任务对话；finish 模式是最后一次请求；
+ * - 没有 tokenBudget：不限配额，只做窗口裁剪（20 % 输出余量照样生效）。
+ */
+export function createBudgetHooks(options: BudgetHookOptions): TaskHooks {
+  const essential = new Set(options.essential ?? []);
+  return {
+    prepareRequest(request, snapshot) {
+      const total = snapshot.context.tokenBudget;
+      const inputLimit = Math.floor(options.windowTokens * (1 - OUTPUT_RESERVE));
+      if (total === undefined) {
+        return { ...request, messages: fitWindow(request.messages, inputLimit, options.estimate).messages };
+      }
+      const input: PlanRequestInput = {
+        messages: request.messages,
+        tools: request.tools,
+        essential,
+        budget: { total, used: snapshot.context.tokensUsed },
+        windowTokens: options.windowTokens,
+        at: snapshot.checkpointAt,
+      };
+      if (options.estimate !== undefined) input.estimate = options.estimate;
+      if (options.thresholds !== undefined) input.thresholds = options.thresholds;
+      const plan = planRequest(input);
+      return {
+        ...request,
+        messages: plan.messages,
+        tools: plan.tools,
+        ...(plan.patch === undefined ? {} : { persist: [...(request.persist ?? []), plan.patch] }),
+        // finish，或者 conserve 里那一轮工具已经用掉：这一次的回答就是最后的回答。
+        ...(plan.mode === "finish" || (plan.mode === "conserve" && plan.tools.length === 0) ? { final: true } : {}),
+      };
+    },
+    // 模型照样调用了被撤下的工具：不执行，只换回一条配对的错误。
+    gateTool(call, snapshot) {
+      const mode = declaredMode(snapshot.context.messages);
+      if (mode === "normal" || (mode === "conserve" && essential.has(call.name))) return { allow: true };
+      return { allow: false, message: BUDGET_DENIED };
+    },
+  };
 }

@@ -6,6 +6,8 @@
 //   同一段重复只提示一次；重复停止之后把提示撤掉（section 写 null）。
 //
 // 判断全部基于 transcript 本身，所以恢复之后的任务得出同样的结论，不需要另存状态。
+import type { TaskHooks } from "../task-runtime/task-runner.js";
+import type { TaskSnapshot } from "../task-runtime/task-state.js";
 import {
   currentSystemMessage,
   type AgentMessage,
@@ -120,6 +122,41 @@ export function iterationVerdict(iterations: number, at: number, limit: number =
         [ITERATION_LIMIT_SECTION]: `本任务已经用满 ${limit} 轮迭代。不要再调用工具：根据目前已有的信息写出总结，说明完成了什么、还缺什么。`,
       },
       timestamp: at,
+    },
+  };
+}
+
+/** 快照里已经完成的模型迭代：成功收尾（不是 error / aborted）的模型调用步数。重试不算迭代。 */
+export function completedIterations(snapshot: TaskSnapshot): number {
+  return snapshot.context.steps.filter(
+    (step) => step.type === "model_call" && step.stopReason !== "error" && step.stopReason !== "aborted",
+  ).length;
+}
+
+export interface LoopGuardOptions extends RepeatOptions {
+  /** 迭代上限，默认 15。 */
+  maxIterations?: number;
+}
+
+/**
+ * 挂进 TaskRuntime 的循环守护栏（prepareRequest）：
+ * - 已完成的迭代到了上限：这一次是最后一次请求（final），不给工具，写入 iteration-limit section 要求总结；
+ * - 否则：重复检测的补丁（写入或撤掉 loop-guard section）通过 persist 写进任务对话。
+ */
+export function createLoopGuardHooks(options: LoopGuardOptions = {}): TaskHooks {
+  return {
+    prepareRequest(request, snapshot) {
+      const at = snapshot.checkpointAt;
+      const verdict = iterationVerdict(completedIterations(snapshot), at, options.maxIterations ?? MAX_ITERATIONS);
+      const patch = verdict.action === "summarize" ? verdict.patch : repeatPatch(request.messages, at, options);
+      if (patch === undefined) return request;
+      return {
+        ...request,
+        messages: [...request.messages, patch],
+        tools: verdict.action === "summarize" ? [] : request.tools,
+        persist: [...(request.persist ?? []), patch],
+        ...(verdict.action === "summarize" ? { final: true } : {}),
+      };
     },
   };
 }

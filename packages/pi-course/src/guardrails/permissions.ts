@@ -7,21 +7,17 @@
 // 拒绝和其他失败一样，只是一条配对的 isError 结果；它的正文是一句固定的“权限不足”，
 // 不说是哪条规则、谁拒绝的、业务上是什么——这些只写进审计日志。
 //
-// 判定顺序沿用第 15 章并插入一步：未知工具 → scope 闸门 → 权限 → 解析参数 → 执行（带 30 秒超时）。
-// 执行器同时报告失败发生在哪一步：只有“执行”这一步的失败才是工具逻辑错误（第 22.1 节的 toolLogic）。
+// 判定顺序沿用第 15 章并插入一步：未知工具 → scope 闸门 → 权限 → 解析参数 → 执行（运行时给它 30 秒）。
+//
+// 审计日志是一个 JSONL 文件：每次迁移、每次模型请求与回复、每次工具调用、每次权限判定各一行，按发生顺序追加。
+// 出了问题，从这份日志就能看出是哪个任务、哪一步、哪个工具、为什么。
 import { createHash } from "node:crypto";
 import { open, readFile, type FileHandle } from "node:fs/promises";
 
-import {
-  executeToolCall,
-  failedResult,
-  type Tool,
-  type ToolCallScope,
-  type ToolContext,
-  type ToolRegistry,
-} from "../tool.js";
-import type { ToolCall, ToolResultMessage } from "../types.js";
+import type { Tool, ToolRegistry } from "../tool.js";
+import type { ToolCall } from "../types.js";
 import type { JsonValue } from "../session.js";
+import type { TaskHooks } from "../task-runtime/task-runner.js";
 
 export type ToolPermission = "read" | "write" | "delete";
 
@@ -35,7 +31,7 @@ declare module "../tool.js" {
 /** 没有声明级别的工具按这个级别处理。 */
 export const UNDECLARED_PERMISSION: ToolPermission = "write";
 
-/** 工具调用超时（种子文章的配置表：30 秒）。 */
+/** 工具调用超时（种子文章的配置表：30 秒），交给 TaskRuntime 的 toolTimeoutMs。 */
 export const TOOL_TIMEOUT_MS = 30_000;
 
 /** 拒绝时模型读到的全部内容。 */
@@ -80,124 +76,77 @@ export async function checkPermission(
   }
 }
 
-/** 失败发生在哪一步：rejected = 未知工具或 scope 闸门；denied = 权限；parse = 参数；execute / timeout = 工具本身。 */
-export type CallPhase = "ok" | "rejected" | "denied" | "parse" | "execute" | "timeout";
-
-export interface GuardedCallOptions {
+export interface PermissionHookOptions {
+  /** 运行时用的同一个注册表（按名字找到工具，读它声明的级别）。 */
+  tools: ToolRegistry;
   policy: PermissionPolicy;
-  taskId?: string;
-  scope?: ToolCallScope;
-  context?: Omit<ToolContext, "callId">;
-  timeoutMs?: number;
-  /** 注入的等待函数（超时计时用）；默认是 node:timers/promises 的 setTimeout。 */
-  sleep?(ms: number, signal?: AbortSignal): Promise<void>;
-}
-
-export interface GuardedCall {
-  result: ToolResultMessage;
-  phase: CallPhase;
-  permission?: ToolPermission;
-  decision?: PermissionDecision;
-}
-
-async function defaultSleep(ms: number, signal?: AbortSignal): Promise<void> {
-  const { setTimeout: wait } = await import("node:timers/promises");
-  await wait(ms, undefined, signal === undefined ? {} : { signal });
+  /** 每一次判定都写一条 permission 记录。 */
+  audit?: AuditSink;
 }
 
 /**
- * 带权限闸门与超时的执行器：每个调用恰好换回一条配对的结果，返回的 Promise 不会 reject。
- * 超时：让工具的 signal 取消，结果是一条写明超时的失败（工具可能已经产生了副作用，所以同样不自动重试）。
+ * 挂进 TaskRuntime 的权限闸门（gateTool）。判定顺序：未知工具与 scope 交给执行器（放行到那里，它会给出自己的失败），
+ * 然后才是权限；拒绝时运行时用 PERMISSION_DENIED 造一条配对的错误结果，工具不运行。
  */
-export async function guardedExecuteToolCall(
-  call: ToolCall,
-  registry: ToolRegistry,
-  options: GuardedCallOptions,
-): Promise<GuardedCall> {
-  const scope = options.scope ?? "model";
-  const tool = registry.get(call.name);
-  if (tool === undefined || !registry.canCall(call.name, scope)) {
-    return { result: await executeToolCall(call, registry, options.context ?? {}, scope), phase: "rejected" };
-  }
-  const permission = permissionOf(tool);
-  const { allowed, decision } = await checkPermission(permission, call, options.policy, options.taskId);
-  if (!allowed) return { result: failedResult(call, new Error(PERMISSION_DENIED)), phase: "denied", permission, decision };
-
-  try {
-    tool.schema.parse(call.arguments);
-  } catch {
-    return { result: await executeToolCall(call, registry, options.context ?? {}, scope), phase: "parse", permission, decision };
-  }
-
-  const controller = new AbortController();
-  const outer = options.context?.signal;
-  const relay = (): void => controller.abort(outer?.reason);
-  if (outer?.aborted) controller.abort(outer.reason);
-  else outer?.addEventListener("abort", relay, { once: true });
-  const timer = new AbortController();
-  const timeoutMs = options.timeoutMs ?? TOOL_TIMEOUT_MS;
-  const sleep = options.sleep ?? defaultSleep;
-  try {
-    const running = executeToolCall(call, registry, { ...options.context, signal: controller.signal }, scope).then(
-      (result) => ({ result, phase: (result.isError ? "execute" : "ok") as CallPhase }),
-    );
-    const expired = sleep(timeoutMs, timer.signal).then(
-      () => "timeout" as const,
-      () => "cancelled" as const,
-    );
-    const first = await Promise.race([running, expired]);
-    if (first === "timeout") {
-      controller.abort(new Error("tool timeout"));
-      const seconds = Math.round(timeoutMs / 100) / 10;
-      return { result: failedResult(call, new Error(`执行超过 ${seconds} 秒，已经取消`)), phase: "timeout", permission, decision };
-    }
-    if (first === "cancelled") return { ...(await running), permission, decision };
-    return { ...first, permission, decision };
-  } finally {
-    timer.abort();
-    outer?.removeEventListener("abort", relay);
-  }
+export function createPermissionHooks(options: PermissionHookOptions): TaskHooks {
+  return {
+    async gateTool(call, snapshot) {
+      const tool = options.tools.get(call.name);
+      if (tool === undefined || !options.tools.canCall(call.name, "model")) return { allow: true };
+      const permission = permissionOf(tool);
+      const { allowed, decision } = await checkPermission(permission, call, options.policy, snapshot.taskId);
+      await options.audit?.append({
+        kind: "permission",
+        taskId: snapshot.taskId,
+        at: snapshot.checkpointAt,
+        step: snapshot.context.currentStep,
+        tool: call.name,
+        callId: call.id,
+        permission,
+        decision,
+        allowed,
+        argsDigest: argsDigest(call.arguments),
+      });
+      return allowed ? { allow: true } : { allow: false, message: PERMISSION_DENIED };
+    },
+  };
 }
 
 // ---------------------------------------------------------------------------
 // 审计日志：一行一条 JSON，按发生顺序追加
 // ---------------------------------------------------------------------------
 
-export type AuditRecord =
-  | { seq: number; at: number; taskId: string; kind: "transition"; from: string; to: string; event: string }
+/** 审计日志的一行。seq 由日志编号；at 是运行时的时钟（与任务事件同一个时钟）。 */
+export type AuditRecord = { seq: number } & AuditInput;
+
+export type AuditInput =
+  | { kind: "transition"; taskId: string; at: number; from: string; to: string; event: string; payload: JsonValue }
+  | { kind: "model_request"; taskId: string; at: number; step: number; attempt: number; messages: number; tools: string[] }
+  | { kind: "model_reply"; taskId: string; at: number; step: number; attempt: number; stopReason: string; tokens: number; retry: boolean }
   | {
-      seq: number;
-      at: number;
-      taskId: string;
-      kind: "model_request";
-      iteration: number;
-      /** 这一次请求是第几次尝试（0 = 第一次，1 = 第一次重试……）。 */
-      attempt: number;
-      mode: string;
-      tools: string[];
-      stopReason: string;
-      tokens: { input: number; output: number };
-      failure?: string;
-    }
-  | {
-      seq: number;
-      at: number;
-      taskId: string;
       kind: "tool_call";
-      iteration: number;
-      callId: string;
+      taskId: string;
+      at: number;
+      step: number;
       tool: string;
-      permission?: ToolPermission;
-      decision?: PermissionDecision;
-      phase: CallPhase;
-      /** 规范化参数的 sha256 前 16 位：能比较、能关联，但不把业务数据写进日志。 */
-      argsDigest: string;
+      callId: string;
+      idempotencyKey: string;
       isError: boolean;
     }
-  | { seq: number; at: number; taskId: string; kind: "guard"; rule: string; detail: JsonValue };
-
-/** 去掉 seq 与 at 的记录：由日志自己编号、打时间。 */
-export type AuditInput = AuditRecord extends infer R ? (R extends AuditRecord ? Omit<R, "seq" | "at"> : never) : never;
+  | {
+      kind: "permission";
+      taskId: string;
+      at: number;
+      step: number;
+      tool: string;
+      callId: string;
+      permission: ToolPermission;
+      decision: PermissionDecision;
+      allowed: boolean;
+      /** 规范化参数的 sha256 前 16 位：能比较、能关联，但不把业务数据写进日志。 */
+      argsDigest: string;
+    }
+  | { kind: "recovered"; taskId: string; at: number; state: string; version: number };
 
 function canonical(value: unknown): string {
   if (Array.isArray(value)) return `[${value.map(canonical).join(",")}]`;
@@ -220,67 +169,127 @@ export interface AuditSink {
 }
 
 /**
+ * 挂进 TaskRuntime 的审计钩子（onEvent）：每次迁移、每次模型请求与回复、每次工具调用、每次恢复各写一行。
+ * attempt 是同一次请求的第几次尝试（0 = 第一次）：重试的回复（reason "retry"）之后加一，正常的回复之后归零。
+ * onEvent 是同步的：写入排进日志自己的队列，按调用顺序落盘；等 log.flush() 或 close() 确认全部写完。
+ */
+export function createAuditHooks(log: AuditSink): TaskHooks {
+  // 每个任务自己的尝试计数：按任务 id 分开，实例之间互不相干。
+  const attempts = new Map<string, number>();
+  const write = (record: AuditInput): void => {
+    log.append(record).catch(() => undefined);
+  };
+  return {
+    onEvent(event) {
+      if (event.kind === "recovered") {
+        write({ kind: "recovered", taskId: event.taskId, at: event.at, state: event.state, version: event.version });
+        return;
+      }
+      const attempt = attempts.get(event.taskId) ?? 0;
+      if (event.kind === "model_request") {
+        write({ kind: "model_request", taskId: event.taskId, at: event.at, step: event.step, attempt, messages: event.messages, tools: event.tools });
+        return;
+      }
+      const step = event.step;
+      if (step?.type === "model_call") {
+        const retry = event.reason === "retry";
+        write({ kind: "model_reply", taskId: event.taskId, at: step.at, step: step.stepId, attempt, stopReason: step.stopReason, tokens: step.tokens, retry });
+        attempts.set(event.taskId, retry ? attempt + 1 : 0);
+      } else if (step?.type === "tool_call") {
+        write({
+          kind: "tool_call",
+          taskId: event.taskId,
+          at: step.at,
+          step: step.stepId,
+          tool: step.tool,
+          callId: step.callId,
+          idempotencyKey: step.idempotencyKey,
+          isError: step.isError,
+        });
+      }
+      for (const moved of event.events) {
+        write({ kind: "transition", taskId: moved.taskId, at: moved.at, from: moved.from, to: moved.to, event: moved.event, payload: moved.payload });
+      }
+    },
+  };
+}
+
+/**
  * 落盘的审计日志：追加写入一个 JSONL 文件。append 排成一队，一次写一行，写完（可选 fsync）才 resolve，
  * 所以文件里的顺序就是调用 append 的顺序；seq 从文件已有的行数接着编。
  */
 export class AuditLog implements AuditSink {
   readonly file: string;
   readonly #handle: FileHandle;
-  readonly #clock: () => number;
   readonly #fsync: boolean;
   #seq: number;
   #tail: Promise<void> = Promise.resolve();
+  #failure: unknown;
 
-  private constructor(file: string, handle: FileHandle, seq: number, clock: () => number, fsync: boolean) {
+  private constructor(file: string, handle: FileHandle, seq: number, fsync: boolean) {
     this.file = file;
     this.#handle = handle;
     this.#seq = seq;
-    this.#clock = clock;
     this.#fsync = fsync;
   }
 
-  static async open(file: string, options: { clock?: () => number; fsync?: boolean } = {}): Promise<AuditLog> {
-    const existing = await readAuditLog(file).catch((error: NodeJS.ErrnoException) => {
-      if (error.code === "ENOENT") return [];
+  /** 打开（没有就创建）一个审计日志。末尾没写完的半行（进程死在写一半）先截掉，新记录从下一行开始。 */
+  static async open(file: string, options: { fsync?: boolean } = {}): Promise<AuditLog> {
+    const content = await readFile(file, "utf8").catch((error: NodeJS.ErrnoException) => {
+      if (error.code === "ENOENT") return "";
       throw error;
     });
+    const records = parseAuditLog(content, file);
     const handle = await open(file, "a");
-    const seq = existing.reduce((max, record) => Math.max(max, record.seq), 0);
-    return new AuditLog(file, handle, seq, options.clock ?? Date.now, options.fsync ?? false);
+    const complete = Buffer.byteLength(content.slice(0, content.lastIndexOf("\n") + 1), "utf8");
+    if (complete < Buffer.byteLength(content, "utf8")) await handle.truncate(complete);
+    const seq = records.reduce((max, record) => Math.max(max, record.seq), 0);
+    return new AuditLog(file, handle, seq, options.fsync ?? false);
   }
 
   append(record: AuditInput): Promise<void> {
     const write = async (): Promise<void> => {
       this.#seq += 1;
-      const line = JSON.stringify({ seq: this.#seq, at: this.#clock(), ...record });
+      const line = JSON.stringify({ seq: this.#seq, ...record });
       await this.#handle.appendFile(`${line}\n`, "utf8");
       if (this.#fsync) await this.#handle.sync();
     };
     const next = this.#tail.then(write);
-    // 一次写失败不能让后面的写永远卡住；失败本身交给这次的调用方。
-    this.#tail = next.catch(() => undefined);
+    // 一次写失败不能让后面的写永远卡住；失败交给这次的调用方，也记下来让 flush() 报告。
+    this.#tail = next.catch((error: unknown) => {
+      this.#failure ??= error;
+    });
     return next;
   }
 
-  async close(): Promise<void> {
+  /** 等排队的写入全部落盘；其中任何一次失败过，这里抛出第一次的错误。 */
+  async flush(): Promise<void> {
     await this.#tail;
-    await this.#handle.close();
+    if (this.#failure !== undefined) throw this.#failure;
+  }
+
+  async close(): Promise<void> {
+    try {
+      await this.flush();
+    } finally {
+      await this.#handle.close();
+    }
   }
 }
 
-/** 读回审计日志。最后一行没写完（进程被杀）时跳过它；中间的坏行说明文件被改过，直接报错。 */
+/** 读回审计日志。只算以换行结尾的完整行：最后那段没有换行的半行（进程被杀）被跳过；中间的坏行说明文件被改过，直接报错。 */
 export async function readAuditLog(file: string): Promise<AuditRecord[]> {
-  const content = await readFile(file, "utf8");
+  return parseAuditLog(await readFile(file, "utf8"), file);
+}
+
+function parseAuditLog(content: string, file: string): AuditRecord[] {
   const lines = content.split("\n");
-  const records: AuditRecord[] = [];
-  lines.forEach((line, index) => {
-    if (line === "") return;
+  lines.pop();
+  return lines.map((line, index) => {
     try {
-      records.push(JSON.parse(line) as AuditRecord);
+      return JSON.parse(line) as AuditRecord;
     } catch (error) {
-      const isTail = index === lines.length - 1;
-      if (!isTail) throw new Error(`审计日志 ${file} 第 ${index + 1} 行不是 JSON：${(error as Error).message}`);
+      throw new Error(`审计日志 ${file} 第 ${index + 1} 行不是 JSON：${(error as Error).message}`);
     }
   });
-  return records;
 }

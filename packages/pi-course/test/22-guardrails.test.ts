@@ -1,0 +1,698 @@
+// 第 22 章聚焦测试：失败处理与守护栏（重试、预算、循环守护、权限与审计）。
+// 运行：npm run build -w @pi/course && node --test packages/pi-course/dist/test/22-guardrails.test.js
+// 按实验过滤：node --test --test-name-pattern="Lab 22.1" packages/pi-course/dist/test/22-*.test.js
+//
+// 所有等待都用注入的假时钟与假 sleep：sleep 只记下要等多久并把时钟拨过去，测试里没有真实的等待。
+
+import assert from "node:assert/strict";
+import { mkdtemp, rm, readFile, appendFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import test from "node:test";
+
+import { ScriptedModel, type ScriptedTurn } from "../src/scripted-model.js";
+import { objectSchema, stringValue, ToolRegistry, type Tool } from "../src/tool.js";
+import { assistantMessage, currentSystemMessage, text, textOf } from "../src/types.js";
+import type { AgentMessage, AssistantMessage, ToolCall, ToolResultMessage } from "../src/types.js";
+import { TaskStore } from "../src/task-runtime/task-store.js";
+import { TaskRuntime, type TaskHooks, type TaskRuntimeEvent } from "../src/task-runtime/task-runner.js";
+import {
+  DEFAULT_RETRY_POLICY,
+  backoffDelay,
+  classifyFailure,
+  createRetryHooks,
+  decideRetry,
+} from "../src/guardrails/retry-policy.js";
+import {
+  BUDGET_SECTION,
+  OUTPUT_RESERVE,
+  budgetMode,
+  createBudgetHooks,
+  fitWindow,
+  planRequest,
+} from "../src/guardrails/budget.js";
+import {
+  ITERATION_LIMIT_SECTION,
+  LOOP_GUARD_SECTION,
+  MAX_ITERATIONS,
+  createLoopGuardHooks,
+  detectRepeat,
+  similarCalls,
+} from "../src/guardrails/loop-guard.js";
+import {
+  AuditLog,
+  PERMISSION_DENIED,
+  checkPermission,
+  createAuditHooks,
+  createPermissionHooks,
+  permissionOf,
+  readAuditLog,
+  type AuditRecord,
+  type ConfirmRequest,
+} from "../src/guardrails/permissions.js";
+
+// ---------------------------------------------------------------------------
+// 夹具
+// ---------------------------------------------------------------------------
+
+const HANG_GUARD = { timeout: 20_000 };
+
+async function tempDir(t: { after(fn: () => Promise<void>): void }): Promise<string> {
+  const dir = await mkdtemp(path.join(tmpdir(), "pi-course-22-"));
+  t.after(() => rm(dir, { recursive: true, force: true }));
+  return dir;
+}
+
+/** 假时钟：sleep 记下等了多久，并把时钟拨过去。 */
+function fakeTime(start = 1_000_000): { clock: () => number; sleep: (ms: number) => Promise<void>; sleeps: number[]; advance(ms: number): void } {
+  let now = start;
+  const sleeps: number[] = [];
+  return {
+    clock: () => now,
+    sleeps,
+    advance(ms) {
+      now += ms;
+    },
+    async sleep(ms) {
+      sleeps.push(ms);
+      now += ms;
+    },
+  };
+}
+
+function call(id: string, name: string, args: unknown, rawArguments?: string): ToolCall {
+  const block: ToolCall = { type: "toolCall", id, name, arguments: args };
+  if (rawArguments !== undefined) block.rawArguments = rawArguments;
+  return block;
+}
+
+function usage(totalTokens: number): { usage: { input: number; output: number; totalTokens: number } } {
+  return { usage: { input: totalTokens, output: 0, totalTokens } };
+}
+
+function toolTurn(calls: ToolCall[], tokens = 10): AssistantMessage {
+  return assistantMessage(calls, "toolUse", usage(tokens));
+}
+
+function answer(value: string, tokens = 10): AssistantMessage {
+  return assistantMessage([text(value)], "stop", usage(tokens));
+}
+
+function failure(errorMessage: string): ScriptedTurn {
+  return { stopReason: "error", errorMessage };
+}
+
+/** 一个会计数的工具。permission 省略时不写这个字段。 */
+function countingTool(
+  name: string,
+  options: { permission?: Tool["permission"]; fail?: string; hang?: boolean } = {},
+): { tool: Tool<{ q: string }>; runs: string[] } {
+  const runs: string[] = [];
+  const tool: Tool<{ q: string }> = {
+    name,
+    description: `${name} 工具`,
+    schema: objectSchema({ q: stringValue }),
+    async execute(parameters, context) {
+      runs.push(parameters.q);
+      if (options.hang) {
+        await new Promise<void>((resolve) => context.signal?.addEventListener("abort", () => resolve(), { once: true }));
+        return { content: [text("被取消")], isError: true };
+      }
+      if (options.fail !== undefined) throw new Error(options.fail);
+      return { content: [text(`${name}:${parameters.q}`)] };
+    },
+  };
+  if (options.permission !== undefined) tool.permission = options.permission;
+  return { tool, runs };
+}
+
+async function openRuntime(
+  dir: string,
+  options: {
+    model: ScriptedModel;
+    tools?: Tool<{ q: string }>[];
+    hooks: (registry: ToolRegistry) => TaskHooks[];
+    time: ReturnType<typeof fakeTime>;
+    toolTimeoutMs?: number;
+    sleep?: (ms: number) => Promise<void>;
+  },
+): Promise<{ runtime: TaskRuntime; store: TaskStore; registry: ToolRegistry; events: TaskRuntimeEvent[] }> {
+  const store = await TaskStore.open(path.join(dir, "tasks.jsonl"), { fsync: false });
+  const registry = new ToolRegistry(options.tools ?? []);
+  const events: TaskRuntimeEvent[] = [];
+  const recorder: TaskHooks = { onEvent: (event) => events.push(structuredClone(event)) };
+  const runtime = new TaskRuntime({
+    store,
+    model: options.model,
+    tools: registry,
+    clock: options.time.clock,
+    sleep: options.sleep ?? options.time.sleep,
+    hooks: [...options.hooks(registry), recorder],
+    ...(options.toolTimeoutMs === undefined ? {} : { toolTimeoutMs: options.toolTimeoutMs }),
+  });
+  return { runtime, store, registry, events };
+}
+
+function sectionValues(messages: readonly AgentMessage[], section: string): (string | null)[] {
+  return messages.flatMap((message) =>
+    message.role === "system" && message.sections !== undefined && Object.hasOwn(message.sections, section)
+      ? [message.sections[section]!]
+      : [],
+  );
+}
+
+function toolNames(model: ScriptedModel, request: number): string[] {
+  return (model.requests[request]?.tools ?? []).map((tool) => tool.name);
+}
+
+// ---------------------------------------------------------------------------
+// Lab 22.1 · 重试：按失败类别退避、回填、交给人
+// ---------------------------------------------------------------------------
+
+test("Lab 22.1 · 归类与退避：超时与限流是 transient、坏 JSON 是 format、401 是 fatal；1 s、2 s、4 s 封顶 30 s，次数按类别用完", () => {
+  const errorReply = (message: string): AssistantMessage => assistantMessage([], "error", { errorMessage: message });
+  assert.equal(classifyFailure(errorReply("OpenAI-compatible request failed with HTTP 429: slow down")), "transient");
+  assert.equal(classifyFailure(errorReply("Provider sent nothing for 60000 ms (idleTimeoutMs)")), "transient");
+  assert.equal(classifyFailure(errorReply("request timed out")), "transient");
+  assert.equal(classifyFailure(errorReply("OpenAI-compatible request failed with HTTP 503")), "transient");
+  assert.equal(classifyFailure(errorReply("Tool read arguments 不是完整 JSON")), "format");
+  assert.equal(classifyFailure(errorReply("OpenAI-compatible request failed with HTTP 401: bad key")), "fatal");
+  assert.equal(classifyFailure(assistantMessage([], "aborted", { errorMessage: "Request was aborted" })), undefined);
+  assert.equal(classifyFailure(answer("好")), undefined);
+  const toolError: ToolResultMessage = {
+    role: "toolResult", toolCallId: "c1", toolName: "pay", content: [text("Tool pay failed: 余额不足")], isError: true, timestamp: 0,
+  };
+  assert.equal(classifyFailure(toolError), "toolLogic");
+  assert.equal(classifyFailure({ ...toolError, isError: false }), undefined);
+
+  assert.deepEqual([1, 2, 3, 4, 5, 6, 7].map((retry) => backoffDelay(retry)), [1_000, 2_000, 4_000, 8_000, 16_000, 30_000, 30_000]);
+  assert.throws(() => backoffDelay(0), RangeError);
+  assert.deepEqual(DEFAULT_RETRY_POLICY.transient, { maxRetries: 3, initialDelayMs: 1_000, factor: 2, maxDelayMs: 30_000 });
+  assert.equal(DEFAULT_RETRY_POLICY.format.maxRetries, 2);
+  assert.ok(Object.isFrozen(DEFAULT_RETRY_POLICY) && Object.isFrozen(DEFAULT_RETRY_POLICY.transient));
+
+  // transient：第 1、2、3 次重试，第 4 次失败时放弃。
+  const state = (attempts: number, failureClass: string) => ({ attempts, notBefore: 0, failureClass });
+  assert.deepEqual(decideRetry("transient", undefined), { action: "retry", attempts: 1, delayMs: 1_000 });
+  assert.deepEqual(decideRetry("transient", state(1, "transient")), { action: "retry", attempts: 2, delayMs: 2_000 });
+  assert.deepEqual(decideRetry("transient", state(2, "transient")), { action: "retry", attempts: 3, delayMs: 4_000 });
+  assert.deepEqual(decideRetry("transient", state(3, "transient")), { action: "give_up", attempts: 3, reason: "exhausted" });
+  // format：不等待，最多两次；类别变了从头计数。
+  assert.deepEqual(decideRetry("format", undefined), { action: "retry", attempts: 1, delayMs: 0 });
+  assert.deepEqual(decideRetry("format", state(2, "format")), { action: "give_up", attempts: 2, reason: "exhausted" });
+  assert.deepEqual(decideRetry("format", state(3, "transient")), { action: "retry", attempts: 1, delayMs: 0 });
+  // 工具逻辑错误从不重试；fatal 直接放弃。
+  assert.deepEqual(decideRetry("toolLogic", undefined), { action: "human", attempts: 0 });
+  assert.deepEqual(decideRetry("fatal", undefined), { action: "give_up", attempts: 0, reason: "fatal" });
+});
+
+test("Lab 22.1 · 运行时：两次限流后成功，注入的 sleep 依次等 1000、2000 ms；每次重试的 attempts 与 notBefore 都写进快照", HANG_GUARD, async (t) => {
+  const dir = await tempDir(t);
+  const time = fakeTime();
+  const model = new ScriptedModel([failure("HTTP 429 rate limited"), failure("HTTP 429 rate limited"), answer("三天后到货")]);
+  const { runtime, store, events } = await openRuntime(dir, { model, time, hooks: (tools) => [createRetryHooks({ tools })] });
+  await runtime.submit({ id: "t1", input: "订单什么时候到？" });
+  const start = time.clock();
+  const done = await runtime.run("t1");
+
+  assert.equal(done.state, "completed");
+  assert.equal(done.context.outcome, "三天后到货");
+  assert.deepEqual(time.sleeps, [1_000, 2_000]);
+  assert.equal(model.requests.length, 3);
+  assert.equal(done.context.retry, undefined, "成功之后重试进度被清掉");
+  // 失败的回复不进对话：对话里只有用户输入与最终回答。
+  assert.deepEqual(done.context.messages.map((message) => message.role), ["user", "assistant"]);
+
+  const retries = events.filter((event) => event.kind === "commit" && event.reason === "retry");
+  assert.equal(retries.length, 2);
+  // 每次重试都是一次落盘的提交：从存储的历史里读回当时的快照。
+  const history = (await readFile(path.join(dir, "tasks.jsonl"), "utf8"))
+    .trim()
+    .split("\n")
+    .map((line) => JSON.parse(line.slice(line.indexOf(" ") + 1)) as { snapshot: { context: { retry?: unknown } } });
+  const persisted = history.map((batch) => batch.snapshot.context.retry).filter((retry) => retry !== undefined);
+  assert.deepEqual(persisted, [
+    { attempts: 1, notBefore: start + 1_000, failureClass: "transient", lastError: "HTTP 429 rate limited" },
+    { attempts: 2, notBefore: start + 1_000 + 2_000, failureClass: "transient", lastError: "HTTP 429 rate limited" },
+  ]);
+  assert.equal(store.latest("t1")?.state, "completed");
+  await store.close();
+});
+
+test("Lab 22.1 · 恢复：退避期间进程崩溃，新的运行时读回 attempts 与 notBefore，只等剩下的时间，下一次退避接着翻倍", HANG_GUARD, async (t) => {
+  const dir = await tempDir(t);
+  const time = fakeTime();
+  // 第一个运行时：一次限流之后开始退避，sleep 里“崩溃”。
+  const crashed = new ScriptedModel([failure("HTTP 429 rate limited")]);
+  const first = await openRuntime(dir, {
+    model: crashed,
+    time,
+    hooks: (tools) => [createRetryHooks({ tools })],
+    sleep: async () => {
+      throw new Error("模拟崩溃：进程在退避期间死掉");
+    },
+  });
+  await first.runtime.submit({ id: "t2", input: "查一下库存" });
+  const start = time.clock();
+  await assert.rejects(first.runtime.run("t2"), /模拟崩溃/);
+  await first.store.close();
+
+  // 400 ms 之后重启：快照里还记着第 1 次重试，最早 start + 1000 才能再试。
+  time.advance(400);
+  const model = new ScriptedModel([failure("HTTP 503 overloaded"), answer("库存 12 件")]);
+  const second = await openRuntime(dir, { model, time, hooks: (tools) => [createRetryHooks({ tools })] });
+  assert.deepEqual(second.store.latest("t2")?.context.retry, {
+    attempts: 1, notBefore: start + 1_000, failureClass: "transient", lastError: "HTTP 429 rate limited",
+  });
+  assert.deepEqual(await second.runtime.recover(), ["t2"]);
+  const [done] = await second.runtime.drain();
+
+  assert.equal(done?.state, "completed");
+  assert.equal(done?.context.outcome, "库存 12 件");
+  // 先补足剩下的 600 ms，第二次失败是第 2 次重试：等 2000 ms，而不是从 1000 重新开始。
+  assert.deepEqual(time.sleeps, [600, 2_000]);
+  assert.equal(model.requests.length, 2);
+  await second.store.close();
+});
+
+test("Lab 22.1 · 格式错误回填原样输出与错误，最多 2 次；参数错误只是反馈；工具逻辑错误与超时都不重试，任务暂停为 needs_human", HANG_GUARD, async (t) => {
+  const dir = await tempDir(t);
+  const time = fakeTime();
+  const broken = (raw: string): AssistantMessage =>
+    assistantMessage([text("我来查"), call("c0", "lookup", {}, raw)], "error", { errorMessage: "Tool lookup arguments 不是完整 JSON" });
+  const lookup = countingTool("lookup", { permission: "read" });
+  const pay = countingTool("pay", { permission: "write", fail: "余额不足" });
+  const slow = countingTool("slow_report", { permission: "read", hang: true });
+  const model = new ScriptedModel([
+    // 任务 f1：两次坏 JSON 之后给出正确的回答。
+    broken('{"q": "ORD-1'),
+    broken('{"q": ORD-1}'),
+    answer("订单 ORD-1 已发货"),
+    // 任务 f2：三次坏 JSON → 次数用完，失败。
+    broken("{"),
+    broken("{"),
+    broken("{"),
+    // 任务 f3：先是参数不合法（只反馈），再是 pay 执行失败（交给人）。
+    toolTurn([call("c1", "pay", { amount: 5 })]),
+    toolTurn([call("c2", "pay", { q: "付款 5 元" })]),
+    answer("付款没有成功"),
+    // 任务 f4：工具超时。
+    toolTurn([call("c3", "slow_report", { q: "全年" })]),
+  ]);
+  const { runtime, store } = await openRuntime(dir, {
+    model,
+    tools: [lookup.tool, pay.tool, slow.tool],
+    time,
+    toolTimeoutMs: 50,
+    hooks: (tools) => [createRetryHooks({ tools })],
+  });
+
+  await runtime.submit({ id: "f1", input: "查订单 ORD-1" });
+  const f1 = await runtime.run("f1");
+  assert.equal(f1.state, "completed");
+  assert.deepEqual(time.sleeps, [], "格式错误不等待");
+  // 第二次请求里：上一次的原样输出（含原始参数文本）和错误说明。
+  const second = model.requests[1]!.messages;
+  assert.equal(textOf(second.at(-2)!), '我来查\nlookup {"q": "ORD-1');
+  assert.equal(second.at(-2)!.role, "assistant");
+  assert.equal(second.at(-1)!.role, "user");
+  assert.match(textOf(second.at(-1)!), /不是完整 JSON/);
+  assert.equal(textOf(model.requests[2]!.messages.at(-2)!), '我来查\nlookup {"q": ORD-1}');
+  assert.equal(f1.context.messages.filter((message) => message.role === "assistant").length, 3, "两次回填 + 最终回答");
+
+  await runtime.submit({ id: "f2", input: "再查一次" });
+  const f2 = await runtime.run("f2");
+  assert.equal(f2.state, "failed");
+  assert.equal(f2.context.outcome, "Tool lookup arguments 不是完整 JSON");
+  assert.equal(model.requests.length, 6, "f2 一共 3 次请求：第一次 + 2 次重试");
+
+  await runtime.submit({ id: "f3", input: "付 5 元" });
+  const f3 = await runtime.run("f3");
+  assert.equal(f3.state, "paused", "工具逻辑错误：暂停，等人来看");
+  assert.deepEqual(pay.runs, ["付款 5 元"], "参数不合法那次没有运行工具；失败的那次只运行一次，没有重试");
+  const pause = store.events("f3").at(-1)!;
+  assert.equal(pause.event, "needs_human");
+  assert.deepEqual([pause.from, pause.to], ["waiting_tool", "paused"]);
+  assert.deepEqual(pause.payload, { reason: "tool_logic_error", tool: "pay", callId: "c2", step: 4 });
+  // 人看过之后继续：模型看到那条配对的失败结果，给出回答。
+  const resumed = await runtime.run("f3");
+  assert.equal(resumed.state, "completed");
+  assert.deepEqual(pay.runs, ["付款 5 元"], "继续运行也不会重做失败的调用");
+
+  await runtime.submit({ id: "f4", input: "出全年报表" });
+  const f4 = await runtime.run("f4");
+  assert.equal(f4.state, "paused");
+  assert.equal(store.events("f4").at(-1)!.event, "needs_human");
+  const timedOut = f4.context.messages.at(-1) as ToolResultMessage;
+  assert.equal(timedOut.isError, true);
+  assert.match(textOf(timedOut), /执行超过 50 毫秒，已经取消/);
+  await store.close();
+});
+
+// ---------------------------------------------------------------------------
+// Lab 22.2 · 预算：节省、收尾与输出余量
+// ---------------------------------------------------------------------------
+
+test("Lab 22.2 · 模式边界：剩余 ≤ 15 % 节省、≤ 5 % 收尾；section 只在模式变化时写；窗口给输出留 20 %，整轮丢弃最早的回合", () => {
+  const mode = (used: number) => budgetMode({ total: 1_000, used });
+  assert.deepEqual([0, 849, 850, 949, 950, 1_200].map(mode), ["normal", "normal", "conserve", "conserve", "finish", "finish"]);
+  assert.throws(() => budgetMode({ total: 0, used: 0 }), RangeError);
+
+  const tools = ["search", "translate", "chart"].map((name) => ({ name, description: name, parameters: { type: "object" } }));
+  const user = { role: "user" as const, content: [text("问题")], timestamp: 0 };
+  const base = { tools, essential: new Set(["search"]), windowTokens: 100_000, at: 7 };
+  const normal = planRequest({ ...base, messages: [user], budget: { total: 1_000, used: 100 } });
+  assert.equal(normal.mode, "normal");
+  assert.equal(normal.patch, undefined);
+  assert.deepEqual(normal.tools.map((tool) => tool.name), ["search", "translate", "chart"]);
+
+  const conserve = planRequest({ ...base, messages: [user], budget: { total: 1_000, used: 860 } });
+  assert.equal(conserve.mode, "conserve");
+  assert.deepEqual(conserve.tools.map((tool) => tool.name), ["search"]);
+  assert.deepEqual(conserve.dropped, ["translate", "chart"]);
+  assert.match(conserve.patch!.sections![BUDGET_SECTION]!, /14%/);
+  assert.equal(conserve.patch!.timestamp, 7);
+  // 补丁写进对话之后，同一模式不再写第二次；回到 normal 写 null 撤掉。
+  const written = [user, conserve.patch!];
+  assert.equal(planRequest({ ...base, messages: written, budget: { total: 1_000, used: 870 } }).patch, undefined);
+  assert.deepEqual(planRequest({ ...base, messages: written, budget: { total: 10_000, used: 870 } }).patch?.sections, { [BUDGET_SECTION]: null });
+  const finish = planRequest({ ...base, messages: written, budget: { total: 1_000, used: 960 } });
+  assert.equal(finish.mode, "finish");
+  assert.deepEqual(finish.tools, []);
+  assert.match(currentSystemMessage(finish.messages)!.sections![BUDGET_SECTION]!, /不要再调用任何工具/);
+
+  // 窗口：1000 的窗口输入最多 800，输出留 200。
+  assert.equal(OUTPUT_RESERVE, 0.2);
+  const sized = planRequest({ ...base, messages: [user], budget: { total: 1_000, used: 0 }, windowTokens: 1_000 });
+  assert.deepEqual([sized.inputLimit, sized.outputReserve], [800, 200]);
+  const system = { role: "system" as const, content: "规则", timestamp: 0 };
+  const round = (id: string): AgentMessage[] => [
+    toolTurn([call(id, "search", { q: id })]),
+    { role: "toolResult", toolCallId: id, toolName: "search", content: [text(id)], isError: false, timestamp: 0 },
+  ];
+  const history: AgentMessage[] = [system, user, ...round("a"), ...round("b"), ...round("c")];
+  const fitted = fitWindow(history, 4 * 100, () => 100);
+  // system 与第一条 user 永远保留，最早的两轮（各两条）整轮丢弃，调用与结果不会被拆开。
+  assert.equal(fitted.trimmed, 4);
+  assert.deepEqual(
+    fitted.messages.map((message) => (message.role === "toolResult" ? `result:${message.toolCallId}` : message.role)),
+    ["system", "user", "assistant", "result:c"],
+  );
+  assert.equal(fitWindow(history, 10_000, () => 100).trimmed, 0);
+});
+
+test("Lab 22.2 · 运行时节省模式：剩 14 % 时只给必要工具、最多再用一轮、被撤下的工具调不动；section 只写一次，说明原因", HANG_GUARD, async (t) => {
+  const dir = await tempDir(t);
+  const time = fakeTime();
+  const search = countingTool("search", { permission: "read" });
+  const chart = countingTool("chart", { permission: "read" });
+  const model = new ScriptedModel([
+    toolTurn([call("c1", "search", { q: "销量" })], 860),
+    // 节省模式的那一轮：必要工具照常，被撤下的 chart 不执行。
+    toolTurn([call("c2", "search", { q: "退货" }), call("c3", "chart", { q: "柱状图" })], 20),
+    answer("销量 120，退货 3", 20),
+  ]);
+  const { runtime, store } = await openRuntime(dir, {
+    model,
+    tools: [search.tool, chart.tool],
+    time,
+    hooks: () => [createBudgetHooks({ windowTokens: 100_000, essential: ["search"] })],
+  });
+  await runtime.submit({ id: "b1", input: "总结本月销量", tokenBudget: 1_000 });
+  const done = await runtime.run("b1");
+
+  assert.equal(done.state, "completed");
+  assert.equal(done.context.outcome, "销量 120，退货 3");
+  assert.deepEqual(toolNames(model, 0), ["search", "chart"]);
+  assert.deepEqual(toolNames(model, 1), ["search"], "节省模式只留必要工具");
+  assert.deepEqual(toolNames(model, 2), [], "节省模式下那一轮工具用过之后不再给工具");
+  assert.match(currentSystemMessage(model.requests[1]!.messages)!.sections![BUDGET_SECTION]!, /14%.*节省模式/);
+  assert.deepEqual(search.runs, ["销量", "退货"]);
+  assert.deepEqual(chart.runs, [], "被撤下的工具即使被调用也不运行");
+  const denied = done.context.messages.find((message) => message.role === "toolResult" && message.toolCallId === "c3") as ToolResultMessage;
+  assert.equal(denied.isError, true);
+  assert.equal(sectionValues(done.context.messages, BUDGET_SECTION).length, 1, "只写变化：section 在对话里只出现一次");
+  await store.close();
+});
+
+test("Lab 22.2 · 运行时收尾模式：剩 4 % 时不给任何工具，回复里硬塞的调用不执行、各配一条结果，任务以文本完成", HANG_GUARD, async (t) => {
+  const dir = await tempDir(t);
+  const time = fakeTime();
+  const search = countingTool("search", { permission: "read" });
+  const model = new ScriptedModel([
+    toolTurn([call("c1", "search", { q: "一月" })], 960),
+    assistantMessage([text("先给出目前的结论：一月持平。"), call("c2", "search", { q: "二月" })], "toolUse", usage(10)),
+  ]);
+  const { runtime, store } = await openRuntime(dir, {
+    model,
+    tools: [search.tool],
+    time,
+    hooks: () => [createBudgetHooks({ windowTokens: 100_000, essential: ["search"] })],
+  });
+  await runtime.submit({ id: "b2", input: "比较一二月", tokenBudget: 1_000 });
+  const done = await runtime.run("b2");
+
+  assert.equal(done.state, "completed");
+  assert.equal(done.context.outcome, "先给出目前的结论：一月持平。");
+  assert.deepEqual(toolNames(model, 1), []);
+  assert.match(currentSystemMessage(model.requests[1]!.messages)!.sections![BUDGET_SECTION]!, /4%.*必须收尾/);
+  assert.deepEqual(search.runs, ["一月"], "收尾之后的调用没有执行");
+  const last = done.context.messages.at(-1) as ToolResultMessage;
+  assert.equal(last.role, "toolResult");
+  assert.equal(last.toolCallId, "c2");
+  assert.equal(last.isError, true);
+  assert.equal(model.requests.length, 2);
+  await store.close();
+});
+
+// ---------------------------------------------------------------------------
+// Lab 22.3 · 循环守护栏：重复检测与 15 轮上限
+// ---------------------------------------------------------------------------
+
+test("Lab 22.3 · 几乎相同的调用：键的顺序、首尾空白、大小写不算区别；只比较相邻两轮，中间一轮不同就断开", () => {
+  const a = call("1", "lookup", { city: "Beijing", days: 3 });
+  assert.equal(similarCalls(a, call("2", "lookup", { days: 3, city: "  beijing " })), true);
+  assert.equal(similarCalls(a, call("3", "lookup", { city: "Shanghai", days: 3 })), false);
+  assert.equal(similarCalls(a, call("4", "forecast", { city: "Beijing", days: 3 })), false);
+  assert.equal(similarCalls(a, call("5", "lookup", { city: "Beijing", days: 4 })), false);
+
+  const turn = (id: string, args: unknown, name = "lookup"): AgentMessage => toolTurn([call(id, name, args)]);
+  const user = { role: "user" as const, content: [text("天气")], timestamp: 0 };
+  assert.deepEqual(detectRepeat([user]), { repeated: false, streak: 0 });
+  assert.deepEqual(detectRepeat([user, turn("1", { city: "Beijing" })]), { repeated: false, streak: 1 });
+  assert.deepEqual(detectRepeat([user, turn("1", { city: "Beijing" }), turn("2", { city: "beijing" })]), {
+    repeated: true,
+    streak: 2,
+    tool: "lookup",
+  });
+  assert.deepEqual(
+    detectRepeat([user, turn("1", { city: "Beijing" }), turn("2", { city: "Beijing" }), turn("3", { city: "Beijing " })]).streak,
+    3,
+  );
+  // 中间隔了一轮不同的调用：不算连续重复。
+  assert.equal(detectRepeat([user, turn("1", { city: "Beijing" }), turn("2", { city: "Tokyo" }), turn("3", { city: "Beijing" })]).repeated, false);
+  // 自定义相似度：只看工具名。
+  assert.equal(
+    detectRepeat([user, turn("1", { city: "Beijing" }), turn("2", { city: "Tokyo" })], { similar: (x, y) => x.name === y.name }).repeated,
+    true,
+  );
+});
+
+test("Lab 22.3 · 运行时：连续两轮同样的调用之后注入一条“换个策略”的提示，同一段重复只提示一次，重复停止后撤掉", HANG_GUARD, async (t) => {
+  const dir = await tempDir(t);
+  const time = fakeTime();
+  const lookup = countingTool("lookup", { permission: "read" });
+  const model = new ScriptedModel([
+    toolTurn([call("c1", "lookup", { q: "ORD-7" })]),
+    toolTurn([call("c2", "lookup", { q: " ord-7" })]),
+    toolTurn([call("c3", "lookup", { q: "ORD-7" })]),
+    toolTurn([call("c4", "lookup", { q: "物流单号" })]),
+    answer("包裹在路上"),
+  ]);
+  const { runtime, store } = await openRuntime(dir, { model, tools: [lookup.tool], time, hooks: () => [createLoopGuardHooks()] });
+  await runtime.submit({ id: "l1", input: "ORD-7 到哪了" });
+  const done = await runtime.run("l1");
+
+  assert.equal(done.state, "completed");
+  assert.equal(lookup.runs.length, 4);
+  const note = (request: number) => currentSystemMessage(model.requests[request]!.messages)?.sections?.[LOOP_GUARD_SECTION];
+  assert.equal(note(0), undefined);
+  assert.equal(note(1), undefined);
+  assert.match(note(2)!, /lookup.*换一种策略/);
+  assert.match(note(3)!, /换一种策略/, "重复还在继续：提示还在");
+  assert.equal(note(4), undefined, "换了参数之后提示被撤掉");
+  // 对话里恰好两条补丁：一次写入、一次撤掉。
+  const values = sectionValues(done.context.messages, LOOP_GUARD_SECTION);
+  assert.equal(values.length, 2);
+  assert.equal(values[1], null);
+  await store.close();
+});
+
+test("Lab 22.3 · 运行时：一个永远想再查一次的模型，15 轮之后第 16 次请求不带工具、要求总结，它的回答结束任务", HANG_GUARD, async (t) => {
+  const dir = await tempDir(t);
+  const time = fakeTime();
+  const lookup = countingTool("lookup", { permission: "read" });
+  const turns: ScriptedTurn[] = [];
+  for (let index = 1; index <= MAX_ITERATIONS + 1; index += 1) {
+    turns.push(assistantMessage([text(`第 ${index} 轮`), call(`c${index}`, "lookup", { q: `第 ${index} 页` })], "toolUse", usage(10)));
+  }
+  const model = new ScriptedModel(turns);
+  const { runtime, store } = await openRuntime(dir, { model, tools: [lookup.tool], time, hooks: () => [createLoopGuardHooks()] });
+  await runtime.submit({ id: "l2", input: "把所有页都翻一遍" });
+  const done = await runtime.run("l2");
+
+  assert.equal(MAX_ITERATIONS, 15);
+  assert.equal(done.state, "completed");
+  assert.equal(model.requests.length, 16);
+  assert.equal(lookup.runs.length, 15, "只有前 15 轮的调用执行了");
+  assert.deepEqual(toolNames(model, 14), ["lookup"]);
+  assert.deepEqual(toolNames(model, 15), [], "第 16 次请求不带工具");
+  assert.match(currentSystemMessage(model.requests[15]!.messages)!.sections![ITERATION_LIMIT_SECTION]!, /15 轮/);
+  assert.equal(done.context.outcome, "第 16 轮");
+  const last = done.context.messages.at(-1) as ToolResultMessage;
+  assert.equal(last.toolCallId, "c16");
+  assert.equal(last.isError, true, "最后那次调用配了一条未执行的结果");
+  await store.close();
+});
+
+// ---------------------------------------------------------------------------
+// Lab 22.4 · 权限与审计
+// ---------------------------------------------------------------------------
+
+test("Lab 22.4 · 权限闸门：read 默认放行；write 只在确认回调明确答应时放行；delete 永远不给；没声明的按 write", async () => {
+  const asked: ConfirmRequest[] = [];
+  const yes = { confirm: (request: ConfirmRequest) => (asked.push(request), true) };
+  const c = call("c1", "x", { id: "ORD-9" });
+  assert.deepEqual(await checkPermission("read", c, {}), { allowed: true, decision: "read" });
+  assert.deepEqual(await checkPermission("write", c, {}), { allowed: false, decision: "no-confirm" });
+  assert.deepEqual(await checkPermission("write", c, yes, "t9"), { allowed: true, decision: "confirmed" });
+  assert.deepEqual(asked, [{ call: c, permission: "write", taskId: "t9" }]);
+  assert.notEqual(asked[0]!.call, c, "回调拿到的是副本");
+  assert.deepEqual(await checkPermission("write", c, { confirm: () => false }), { allowed: false, decision: "declined" });
+  assert.deepEqual(await checkPermission("write", c, { confirm: () => "yes" as unknown as boolean }), { allowed: false, decision: "declined" });
+  assert.deepEqual(await checkPermission("write", c, { confirm: async () => { throw new Error("对话框崩了"); } }), {
+    allowed: false,
+    decision: "confirm-failed",
+  });
+  asked.length = 0;
+  assert.deepEqual(await checkPermission("delete", c, yes), { allowed: false, decision: "delete-forbidden" });
+  assert.equal(asked.length, 0, "delete 连问都不问");
+  assert.equal(permissionOf({}), "write");
+  assert.equal(permissionOf({ permission: "read" }), "read");
+});
+
+test("Lab 22.4 · 运行时：同一批里 read 执行、write 经确认执行、delete 被拒；拒绝是一条普通的配对错误，不透露业务细节，任务照常完成", HANG_GUARD, async (t) => {
+  const dir = await tempDir(t);
+  const time = fakeTime();
+  const read = countingTool("read_order", { permission: "read" });
+  const write = countingTool("update_address", { permission: "write" });
+  const remove = countingTool("delete_order", { permission: "delete" });
+  const undeclared = countingTool("legacy_sync");
+  const asked: string[] = [];
+  const model = new ScriptedModel([
+    toolTurn([
+      call("r", "read_order", { q: "ORD-9" }),
+      call("w", "update_address", { q: "上海市 某路 1 号" }),
+      call("d", "delete_order", { q: "ORD-9 客户 张三" }),
+      call("u", "legacy_sync", { q: "ORD-9" }),
+    ]),
+    answer("地址已更新，删除没有执行"),
+  ]);
+  const { runtime, store } = await openRuntime(dir, {
+    model,
+    tools: [read.tool, write.tool, remove.tool, undeclared.tool],
+    time,
+    hooks: (tools) => [
+      createPermissionHooks({
+        tools,
+        policy: { confirm: ({ call: asking }) => (asked.push(asking.name), asking.name === "update_address") },
+      }),
+    ],
+  });
+  await runtime.submit({ id: "p1", input: "改地址，顺便删掉旧订单" });
+  const done = await runtime.run("p1");
+
+  assert.equal(done.state, "completed");
+  assert.deepEqual([read.runs, write.runs, remove.runs, undeclared.runs], [["ORD-9"], ["上海市 某路 1 号"], [], []]);
+  assert.deepEqual(asked, ["update_address", "legacy_sync"], "只有 write 级别（含没声明的）会问；delete 不问");
+  const results = done.context.messages.filter((message): message is ToolResultMessage => message.role === "toolResult");
+  assert.deepEqual(results.map((result) => [result.toolCallId, result.isError]), [["r", false], ["w", false], ["d", true], ["u", true]]);
+  const deniedText = textOf(results[2]!);
+  assert.equal(deniedText, `Tool delete_order failed: ${PERMISSION_DENIED}`);
+  assert.deepEqual(results[2]!.details, { error: PERMISSION_DENIED });
+  for (const secret of ["ORD-9", "张三", "delete", "forbidden"]) {
+    assert.ok(!PERMISSION_DENIED.includes(secret) && !deniedText.slice("Tool delete_order".length).includes(secret), `拒绝文本不应含 ${secret}`);
+  }
+  // 拒绝只是反馈：模型下一轮照常看到四条配对结果。
+  assert.equal(model.requests[1]!.messages.filter((message) => message.role === "toolResult").length, 4);
+  await store.close();
+});
+
+test("Lab 22.4 · 审计日志：每次迁移、模型请求与回复、工具调用、权限判定都按顺序落进 JSONL；重开接着编号，没写完的末行被跳过", HANG_GUARD, async (t) => {
+  const dir = await tempDir(t);
+  const time = fakeTime();
+  const file = path.join(dir, "audit.jsonl");
+  const audit = await AuditLog.open(file);
+  const read = countingTool("read_order", { permission: "read" });
+  const remove = countingTool("delete_order", { permission: "delete" });
+  const model = new ScriptedModel([
+    failure("HTTP 429 rate limited"),
+    toolTurn([call("r", "read_order", { q: "ORD-1" }), call("d", "delete_order", { q: "ORD-1" })]),
+    answer("查到了，删除被拒绝"),
+  ]);
+  const { runtime, store } = await openRuntime(dir, {
+    model,
+    tools: [read.tool, remove.tool],
+    time,
+    hooks: (tools) => [createRetryHooks({ tools }), createPermissionHooks({ tools, policy: {}, audit }), createAuditHooks(audit)],
+  });
+  await runtime.submit({ id: "a1", input: "查 ORD-1 再删掉" });
+  await runtime.run("a1");
+  await audit.close();
+
+  const records = await readAuditLog(file);
+  assert.deepEqual(records.map((record) => record.seq), records.map((_, index) => index + 1));
+  assert.ok(records.every((record) => record.taskId === "a1"));
+  // 每条任务事件都有一行 transition，顺序相同。
+  const transitions = records.filter((record) => record.kind === "transition");
+  assert.deepEqual(
+    transitions.map((record) => `${record.from}→${record.to}:${record.event}`),
+    store.events("a1").map((event) => `${event.from}→${event.to}:${event.event}`),
+  );
+  const summary = records
+    .filter((record) => record.kind !== "transition")
+    .map((record) => {
+      if (record.kind === "model_request") return `request#${record.step} attempt=${record.attempt}`;
+      if (record.kind === "model_reply") return `reply#${record.step} ${record.stopReason}${record.retry ? " retry" : ""}`;
+      if (record.kind === "permission") return `permission ${record.tool} ${record.decision}`;
+      if (record.kind === "tool_call") return `tool ${record.tool} ${record.idempotencyKey} ${record.isError ? "error" : "ok"}`;
+      return record.kind;
+    });
+  assert.deepEqual(summary, [
+    "request#1 attempt=0",
+    "reply#1 error retry",
+    "request#2 attempt=1",
+    "reply#2 toolUse",
+    "permission read_order read",
+    "tool read_order a1#3 ok",
+    "permission delete_order delete-forbidden",
+    "tool delete_order a1#4 error",
+    "request#5 attempt=0",
+    "reply#5 stop",
+  ]);
+  // 日志不写参数本身，只写摘要。
+  const raw = await readFile(file, "utf8");
+  assert.ok(!raw.includes("ORD-1\""), "参数正文没有进审计日志");
+  const digest = (records.find((record) => record.kind === "permission") as Extract<AuditRecord, { kind: "permission" }>).argsDigest;
+  assert.match(digest, /^[0-9a-f]{16}$/);
+
+  // 进程死在写一半：末行没有换行也不是完整 JSON，读回时跳过它；重开之后接着编号。
+  await appendFile(file, '{"seq": 99, "kind": "trans');
+  assert.equal((await readAuditLog(file)).length, records.length);
+  const reopened = await AuditLog.open(file);
+  await reopened.append({ kind: "recovered", taskId: "a1", at: time.clock(), state: "completed", version: 1 });
+  await reopened.close();
+  const after = await readAuditLog(file);
+  assert.equal(after.at(-1)!.seq, records.length + 1);
+  await store.close();
+});
