@@ -6,6 +6,7 @@
  * - `codemode`：第 16 章的 codemode 演示 `./codemode-demo.js`。
  * - `mcp`：第 17 章的 MCP 演示 `./mcp-demo.js`（我们的客户端对官方 SDK 写的 stdio 服务器）。
  * - `runtime-state`：第 20 章的 Runtime State 演示 `./runtime-state-demo.js`。
+ * - `production`：第 22 章的失败处理演示 `./production-demo.js`（瞬时失败、重试、真实子进程被 SIGKILL、恢复）。
  * - 演示模块还不存在（所在章节尚未到来）时给出提示；其他参数打印用法。
  *
  * 输出里不含时间戳和本机路径，每次运行结果都一样。
@@ -18,6 +19,7 @@ const DEMOS: Record<string, { module: string; chapter: string; summary: string }
   codemode: { module: "./codemode-demo.js", chapter: "16", summary: "运行第 16 章的 codemode 演示" },
   mcp: { module: "./mcp-demo.js", chapter: "17", summary: "运行第 17 章的 MCP 演示" },
   "runtime-state": { module: "./runtime-state-demo.js", chapter: "20", summary: "运行第 20 章的内核状态演示（Python 与 JavaScript 两个常驻内核）" },
+  production: { module: "./production-demo.js", chapter: "22", summary: "运行第 22 章的失败处理演示（限流重试、子进程被杀、从检查点恢复）" },
 };
 
 const USAGE = `用法：npm run demo -w @pi/course [-- ${Object.keys(DEMOS).join(" | ")}]（不带参数看离线轨迹；${Object.entries(DEMOS)
