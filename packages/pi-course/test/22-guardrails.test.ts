@@ -644,7 +644,12 @@ test("Lab 22.4 · 审计日志：每次迁移、模型请求与回复、工具�
     model,
     tools: [read.tool, remove.tool],
     time,
-    hooks: (tools) => [createRetryHooks({ tools }), createPermissionHooks({ tools, policy: {}, audit }), createAuditHooks(audit)],
+    // 一个最小的重试钩子（不用 Lab 22.1 的）：第一次失败重试一次，审计里就有 attempt=1 的请求。
+    hooks: (tools) => [
+      { onModelFailure: () => ({ retry: true, delayMs: 1_000, failureClass: "transient" }) },
+      createPermissionHooks({ tools, policy: {}, audit }),
+      createAuditHooks(audit),
+    ],
   });
   await runtime.submit({ id: "a1", input: "查 ORD-1 再删掉" });
   await runtime.run("a1");

@@ -95,7 +95,7 @@ export interface RequestPlan {
   outputReserve: number;
 }
 
-const SECTION_TEXT: Readonly<Record<Exclude<BudgetMode, "normal">, (left: number) => string>> = Object.freeze({
+export const SECTION_TEXT: Readonly<Record<Exclude<BudgetMode, "normal">, (left: number) => string>> = Object.freeze({
   conserve: (left) =>
     `【预算：conserve】本任务的 token 配额只剩 ${left}%，进入节省模式：只保留必要的工具，最多再调用一轮工具，然后根据已有信息给出总结性的回答。`,
   finish: (left) => `【预算：finish】本任务的 token 配额只剩 ${left}%，现在必须收尾：不要再调用任何工具，直接把目前的结果整理成最终回答。`,
@@ -118,7 +118,7 @@ export function toolRoundsSinceSection(messages: readonly AgentMessage[], sectio
 }
 
 /** transcript 里当前生效的 budget section 对应的模式（没有就是 normal）。 */
-function declaredMode(messages: readonly AgentMessage[]): BudgetMode {
+export function declaredMode(messages: readonly AgentMessage[]): BudgetMode {
   const value = currentSystemMessage(messages)?.sections?.[BUDGET_SECTION];
   const match = typeof value !== "string" ? null : /【预算：(conserve|finish)】/.exec(value);
   return match === null ? "normal" : (match[1] as BudgetMode);

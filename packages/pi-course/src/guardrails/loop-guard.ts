@@ -56,7 +56,7 @@ export interface RepeatReport {
   tool?: string;
 }
 
-function callsOf(message: AssistantMessage): ToolCall[] {
+export function callsOf(message: AssistantMessage): ToolCall[] {
   return message.content.filter((block): block is ToolCall => block.type === "toolCall");
 }
 

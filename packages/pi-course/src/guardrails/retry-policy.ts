@@ -31,7 +31,7 @@ export const DEFAULT_RETRY_POLICY: RetryPolicy = Object.freeze({
   toolLogic: Object.freeze({ maxRetries: 0 }),
 });
 
-const TRANSIENT_PATTERNS: readonly RegExp[] = Object.freeze([
+export const TRANSIENT_PATTERNS: readonly RegExp[] = Object.freeze([
   /HTTP (408|425|429|5\d\d)\b/,
   /time(d)? ?out|idleTimeoutMs/i,
   /rate.?limit|too many requests/i,
@@ -39,7 +39,7 @@ const TRANSIENT_PATTERNS: readonly RegExp[] = Object.freeze([
   /overloaded|temporarily unavailable/i,
 ]);
 
-const FORMAT_PATTERNS: readonly RegExp[] = Object.freeze([/不是完整 JSON|invalid json|malformed|unexpected token/i]);
+export const FORMAT_PATTERNS: readonly RegExp[] = Object.freeze([/不是完整 JSON|invalid json|malformed|unexpected token/i]);
 
 /**
  * 给一条消息归类；undefined 表示它不是要处理的失败（正常回复、成功的工具结果、被取消的回合——取消不重试）。
