@@ -225,6 +225,14 @@ test("Lab 22.1 · 运行时：两次限流后成功，注入的 sleep 依次等 
 
   const retries = events.filter((event) => event.kind === "commit" && event.reason === "retry");
   assert.equal(retries.length, 2);
+  // 每一步都记下它是第几次尝试；失败的那两步留着失败的原因（重试的回复不进对话，原因只在这里）。
+  const modelSteps = done.context.steps.flatMap((step) => (step.type === "model_call" ? [step] : []));
+  assert.deepEqual(modelSteps.map((step) => [step.attempt, step.error]), [
+    [0, "HTTP 429 rate limited"],
+    [1, "HTTP 429 rate limited"],
+    [2, undefined],
+  ]);
+  assert.deepEqual(modelSteps.map((step) => step.startedAt), [start, start + 1_000, start + 3_000], "退避等待不算进请求的开始时刻");
   // 每次重试都是一次落盘的提交：从存储的历史里读回当时的快照。
   const history = (await readFile(path.join(dir, "tasks.jsonl"), "utf8"))
     .trim()

@@ -359,11 +359,12 @@ export class TaskRuntime {
       persist.push(...(written ?? []));
       final ||= last === true;
     }
+    const startedAt = this.#clock();
     this.#emit({
       kind: "model_request",
       taskId: current.taskId,
       step,
-      at: this.#clock(),
+      at: startedAt,
       messages: request.messages.length,
       tools: request.tools.map((tool) => tool.name),
     });
@@ -383,8 +384,18 @@ export class TaskRuntime {
     const at = this.#clock();
     const tokens = reply.usage?.totalTokens ?? 0;
     const calls = toolCallsOf(reply);
-    const recordStep: TaskStep = { stepId: step, type: "model_call", at, stopReason: reply.stopReason, tokens, toolCallIds: calls.map((call) => call.id) };
     const failed = reply.stopReason === "error" || reply.stopReason === "aborted";
+    const recordStep: TaskStep = {
+      stepId: step,
+      type: "model_call",
+      at,
+      startedAt,
+      attempt: current.context.retry?.attempts ?? 0,
+      stopReason: reply.stopReason,
+      tokens,
+      toolCallIds: calls.map((call) => call.id),
+      ...(failed ? { error: reply.errorMessage ?? `模型回复以 ${reply.stopReason} 结束` } : {}),
+    };
 
     if (failed) {
       let decision: ModelFailureDecision | undefined;
@@ -440,6 +451,7 @@ export class TaskRuntime {
     }
     const step = current.context.currentStep;
     const key = idempotencyKey(current.taskId, step);
+    const startedAt = this.#clock();
     let decision: ToolGateDecision = { allow: true };
     for (const hook of this.#hooks) {
       if (hook.gateTool === undefined) continue;
@@ -462,6 +474,7 @@ export class TaskRuntime {
       stepId: step,
       type: "tool_call",
       at,
+      startedAt,
       tool: call.name,
       callId: call.id,
       idempotencyKey: key,

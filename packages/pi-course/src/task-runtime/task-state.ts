@@ -83,6 +83,12 @@ export type TaskStep =
       stepId: number;
       type: "model_call";
       at: number;
+      /** 第 22 章：请求发出的时刻（重试的退避等待不算在内）。 */
+      startedAt?: number;
+      /** 第 22 章：这是同一次请求的第几次尝试（0 = 第一次）。 */
+      attempt?: number;
+      /** 第 22 章：回复以 error / aborted 收尾时的 errorMessage；重试的回复不进对话，原因留在这里。 */
+      error?: string;
       stopReason: StopReason;
       /** 这次调用消耗的 token（usage.totalTokens）。 */
       tokens: number;
@@ -93,6 +99,8 @@ export type TaskStep =
       stepId: number;
       type: "tool_call";
       at: number;
+      /** 第 22 章：开始这一步（权限闸门之前）的时刻。 */
+      startedAt?: number;
       tool: string;
       callId: string;
       /** 交给工具的幂等键：idempotencyKey(taskId, stepId)。 */
