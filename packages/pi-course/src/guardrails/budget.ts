@@ -6,7 +6,8 @@
 // - 窗口余量：每一次请求都给模型的输出留 20 % 的窗口。输入超出 80 % 时，从最早的回合开始整轮丢弃
 //   （system 补丁与任务原始输入永远保留，一个工具调用和它的结果总是一起留下或一起丢掉）。
 //
-// 挂进第 21 章运行时的是 createBudgetHooks() 返回的 prepareRequest 钩子：配额与已用量都来自任务快照。
+// 挂进第 21 章运行时的是 createBudgetHooks() 返回的两个钩子：prepareRequest（模式、工具、窗口）与 gateTool（挡住被撤下的工具）；
+// 配额与已用量都来自任务快照。
 // section 是“只写变化”的：模式不变就不写补丁；进入 conserve / finish 时写入说明，回到 normal 时写 null 撤掉。
 import type { TaskHooks } from "../task-runtime/task-runner.js";
 import {

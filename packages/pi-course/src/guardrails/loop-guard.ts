@@ -5,7 +5,7 @@
 // - 连续两轮用同一个工具、参数相同或几乎相同：在下一次请求之前注入一条 system 提示，请它换一种策略。
 //   同一段重复只提示一次；重复停止之后把提示撤掉（section 写 null）。
 //
-// 判断全部基于 transcript 本身，所以恢复之后的任务得出同样的结论，不需要另存状态。
+// 判断全部基于快照本身（对话与步骤），所以恢复之后的任务得出同样的结论，不需要另存状态。
 import type { TaskHooks } from "../task-runtime/task-runner.js";
 import type { TaskSnapshot } from "../task-runtime/task-state.js";
 import {
