@@ -1,0 +1,272 @@
+// 固定 DAG 执行器：路径确定的任务不让模型绕圈子。
+//
+// 一张图由节点和依赖边组成，在构造时就检查完（重名、未知依赖、环都在运行之前被拒绝）。
+// 运行时的规则只有三条：
+// 1. 一个节点的依赖全部完成，它就立刻启动——同时就绪的节点并行运行；
+// 2. 一个节点失败，只有（直接或间接）依赖它的节点被判为 blocked，不运行；与它无关的分支照常跑完；
+// 3. signal 取消之后不再启动新节点，还没启动的记为 cancelled，正在跑的节点自己收到 signal。
+// 执行器没有模块级的可变状态：每次 run 的全部进度都在这次调用自己的局部对象里。
+
+import type { JsonValue } from "../session.js";
+import { executeToolCall, type ToolRegistry } from "../tool.js";
+import { textOf, userMessage, type Model, type ToolCall } from "../types.js";
+import { countingModel, type ExecutionOutcome, type Executor, type ExecutorRunOptions, type RoutedTask } from "./router.js";
+
+/** 交给节点的上下文：任务本身、已完成依赖的输出（只读副本）和取消信号。 */
+export interface DagNodeContext {
+  task: RoutedTask;
+  inputs: Readonly<Record<string, JsonValue>>;
+  signal?: AbortSignal;
+}
+
+export interface DagNode {
+  id: string;
+  dependsOn?: readonly string[];
+  run(context: DagNodeContext): Promise<JsonValue> | JsonValue;
+}
+
+/** blocked：某个依赖失败（或被阻塞），这个节点没有运行。cancelled：取消时还没启动。 */
+export type DagNodeStatus = "completed" | "failed" | "blocked" | "cancelled";
+
+export interface DagNodeReport {
+  id: string;
+  status: DagNodeStatus;
+  output?: JsonValue;
+  error?: string;
+  /** blocked 的节点：是哪个失败的节点让它不能运行。 */
+  blockedBy?: string;
+}
+
+export interface DagRunResult {
+  status: "completed" | "failed" | "cancelled";
+  /** 按图里声明的顺序。 */
+  nodes: DagNodeReport[];
+  /** 节点真正启动的顺序。 */
+  started: string[];
+}
+
+export interface DagHooks {
+  onNodeStart?(id: string): void;
+  onNodeEnd?(report: DagNodeReport): void;
+}
+
+export class InvalidDag extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "InvalidDag";
+  }
+}
+
+function messageOf(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
+}
+
+/**
+ * 检查一张图并返回一个拓扑序。重名、依赖了不存在的节点、节点依赖自己或者成环，都抛 InvalidDag，
+ * 消息里写出是哪个节点（成环时写出环上的路径）。
+ */
+export function validateDag(nodes: readonly DagNode[]): string[] {
+  const byId = new Map<string, DagNode>();
+  for (const node of nodes) {
+    if (typeof node.id !== "string" || node.id === "") throw new InvalidDag("DAG 节点的 id 必须是非空字符串");
+    if (byId.has(node.id)) throw new InvalidDag(`DAG 节点重名：${node.id}`);
+    byId.set(node.id, node);
+  }
+  for (const node of nodes) {
+    for (const dependency of node.dependsOn ?? []) {
+      if (!byId.has(dependency)) throw new InvalidDag(`DAG 节点 ${node.id} 依赖了不存在的节点 ${dependency}`);
+    }
+  }
+  // 深度优先：visiting 里的节点在当前路径上，再遇到它就是环。
+  const order: string[] = [];
+  const state = new Map<string, "visiting" | "done">();
+  const path: string[] = [];
+  const visit = (id: string): void => {
+    const seen = state.get(id);
+    if (seen === "done") return;
+    if (seen === "visiting") {
+      const cycle = [...path.slice(path.indexOf(id)), id];
+      throw new InvalidDag(`DAG 里有环：${cycle.join(" → ")}`);
+    }
+    state.set(id, "visiting");
+    path.push(id);
+    for (const dependency of byId.get(id)!.dependsOn ?? []) visit(dependency);
+    path.pop();
+    state.set(id, "done");
+    order.push(id);
+  };
+  for (const node of nodes) visit(node.id);
+  return order;
+}
+
+/**
+ * 运行一张已经检查过的图。返回的 Promise 不会因为节点失败而 reject：失败写在报告里。
+ * 调度是事件驱动的：每当一个节点结束，就把因此变成就绪的节点一起启动。
+ */
+export async function runDag(
+  nodes: readonly DagNode[],
+  task: RoutedTask,
+  options: { signal?: AbortSignal; hooks?: DagHooks } = {},
+): Promise<DagRunResult> {
+  validateDag(nodes);
+  const { signal, hooks } = options;
+  const reports = new Map<string, DagNodeReport>();
+  const outputs: Record<string, JsonValue> = {};
+  const started: string[] = [];
+  const running = new Map<string, Promise<void>>();
+
+  const settle = (report: DagNodeReport): void => {
+    reports.set(report.id, report);
+    hooks?.onNodeEnd?.(structuredClone(report));
+  };
+
+  /** 依赖里第一个没有完成的节点（失败、被阻塞或取消），没有则 undefined。 */
+  const brokenDependency = (node: DagNode): DagNodeReport | undefined =>
+    (node.dependsOn ?? []).map((id) => reports.get(id)).find((report) => report !== undefined && report.status !== "completed");
+
+  const ready = (node: DagNode): boolean =>
+    !reports.has(node.id) && !running.has(node.id) &&
+    (node.dependsOn ?? []).every((id) => reports.get(id)?.status === "completed");
+
+  const start = (node: DagNode): void => {
+    started.push(node.id);
+    hooks?.onNodeStart?.(node.id);
+    const inputs: Record<string, JsonValue> = {};
+    for (const id of node.dependsOn ?? []) inputs[id] = structuredClone(outputs[id]!);
+    const context: DagNodeContext = { task: structuredClone(task), inputs, ...(signal ? { signal } : {}) };
+    const done = (async () => {
+      try {
+        const output = await node.run(context);
+        if (output === undefined) throw new Error(`节点 ${node.id} 没有返回值`);
+        outputs[node.id] = structuredClone(output);
+        settle({ id: node.id, status: "completed", output: structuredClone(output) });
+      } catch (error) {
+        settle({ id: node.id, status: "failed", error: messageOf(error) });
+      } finally {
+        running.delete(node.id);
+      }
+    })();
+    running.set(node.id, done);
+  };
+
+  for (;;) {
+    // 先传播：依赖坏了的节点判为 blocked（或在取消后判为 cancelled），直到没有新的判定为止。
+    let changed = true;
+    while (changed) {
+      changed = false;
+      for (const node of nodes) {
+        if (reports.has(node.id) || running.has(node.id)) continue;
+        const broken = brokenDependency(node);
+        if (broken !== undefined) {
+          const cause = broken.status === "failed" ? broken.id : (broken.blockedBy ?? broken.id);
+          if (broken.status === "cancelled") settle({ id: node.id, status: "cancelled" });
+          else settle({ id: node.id, status: "blocked", blockedBy: cause, error: `依赖的节点 ${cause} 失败，没有运行` });
+          changed = true;
+        }
+      }
+    }
+    if (signal?.aborted) {
+      for (const node of nodes) if (!reports.has(node.id) && !running.has(node.id)) settle({ id: node.id, status: "cancelled" });
+    } else {
+      for (const node of nodes) if (ready(node)) start(node);
+    }
+    if (running.size === 0) break;
+    await Promise.race(running.values());
+  }
+
+  const list = nodes.map((node) => reports.get(node.id)!);
+  const status = list.every((report) => report.status === "completed")
+    ? "completed"
+    : list.some((report) => report.status === "cancelled") ? "cancelled" : "failed";
+  return { status, nodes: structuredClone(list), started };
+}
+
+// ---------------------------------------------------------------------------
+// 常用节点与执行器
+// ---------------------------------------------------------------------------
+
+/** 一个调用工具的节点：参数由任务与依赖的输出算出；工具失败（isError）就是节点失败。 */
+export function toolNode(
+  id: string,
+  o: { tools: ToolRegistry; tool: string; dependsOn?: readonly string[]; arguments(context: DagNodeContext): JsonValue },
+): DagNode {
+  return {
+    id,
+    ...(o.dependsOn ? { dependsOn: o.dependsOn } : {}),
+    async run(context) {
+      const call: ToolCall = { type: "toolCall", id: `${context.task.taskId}:${id}`, name: o.tool, arguments: o.arguments(context) };
+      // DAG 是宿主写死的路径，不是模型发起的调用：以 script 身份经过第 06/15 章的同一个执行器。
+      const result = await executeToolCall(call, o.tools, context.signal ? { signal: context.signal } : {}, "script");
+      const body = textOf(result);
+      if (result.isError) throw new Error(body);
+      return body;
+    },
+  };
+}
+
+/** 一个调用模型的节点：提示由任务与依赖的输出拼成，输出是回复的文本。模型失败就是节点失败。 */
+export function modelNode(
+  id: string,
+  o: { model: Model; dependsOn?: readonly string[]; prompt(context: DagNodeContext): string },
+): DagNode {
+  return {
+    id,
+    ...(o.dependsOn ? { dependsOn: o.dependsOn } : {}),
+    async run(context) {
+      const reply = await o.model
+        .stream({ messages: [userMessage(o.prompt(context))] }, context.signal ? { signal: context.signal } : {})
+        .result();
+      if (reply.stopReason === "error" || reply.stopReason === "aborted") {
+        throw new Error(`模型调用失败：${reply.errorMessage ?? reply.stopReason}`);
+      }
+      return textOf(reply);
+    },
+  };
+}
+
+export interface DagExecutorOptions {
+  /** 路由表里用的名字，例如 "status-query"。 */
+  name: string;
+  /** 图由任务决定形状时传函数；节点里的模型要用传给执行器的那个（它会被计数）。 */
+  nodes(model: Model): DagNode[];
+  /** 任务的最终输出取自哪个节点。 */
+  output: string;
+  model: Model;
+}
+
+/** 把一张固定的图包装成路由器认识的执行器。 */
+export class DagExecutor implements Executor {
+  readonly kind = "dag" as const;
+  readonly name: string;
+  readonly #options: DagExecutorOptions;
+
+  constructor(options: DagExecutorOptions) {
+    const nodes = options.nodes(options.model);
+    validateDag(nodes);
+    if (!nodes.some((node) => node.id === options.output)) throw new InvalidDag(`输出节点 ${options.output} 不在图里`);
+    this.name = options.name;
+    this.#options = options;
+  }
+
+  async execute(task: RoutedTask, options: ExecutorRunOptions = {}): Promise<ExecutionOutcome> {
+    const counter = countingModel(this.#options.model);
+    const nodes = this.#options.nodes(counter.model);
+    const result = await runDag(nodes, task, {
+      ...(options.signal ? { signal: options.signal } : {}),
+      hooks: {
+        onNodeStart: (id) => options.onStep?.({ kind: "dag_node_start", node: id }),
+        onNodeEnd: (report) => options.onStep?.({ kind: "dag_node_end", node: report.id, status: report.status, ...(report.error ? { error: report.error } : {}) }),
+      },
+    });
+    const output = result.nodes.find((report) => report.id === this.#options.output)!;
+    const failed = result.nodes.filter((report) => report.status === "failed").map((report) => `${report.id}: ${report.error}`);
+    return {
+      status: result.status,
+      output: output.status === "completed" ? String(output.output) : "",
+      modelCalls: counter.calls(),
+      tokens: counter.tokens(),
+      ...(failed.length > 0 ? { error: failed.join("; ") } : {}),
+      details: { nodes: result.nodes as unknown as JsonValue, started: result.started },
+    };
+  }
+}
