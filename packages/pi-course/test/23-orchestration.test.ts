@@ -19,13 +19,17 @@ import {
 } from "../src/orchestration/memory.js";
 import { MAX_PLAN_STEPS, PlanExecuteExecutor } from "../src/orchestration/plan-execute.js";
 import {
+  ORCHESTRATION_KEY,
+  Orchestrator,
+  ReactExecutor,
   TaskRouter,
-  type ExecutionOutcome,
   type ExecutionStep,
-  type Executor,
-  type ExecutorKind,
+  type OrchestrationRecord,
   type RoutedTask,
 } from "../src/orchestration/router.js";
+import type { TaskSnapshot } from "../src/task-runtime/task-state.js";
+import { TaskStore } from "../src/task-runtime/task-store.js";
+import { TaskRuntime, type TaskToolContext } from "../src/task-runtime/task-runner.js";
 import { ScriptedModel } from "../src/scripted-model.js";
 import type { JsonValue } from "../src/session.js";
 import { objectSchema, stringValue, ToolRegistry, type Tool } from "../src/tool.js";
@@ -59,13 +63,14 @@ const ORDERS: Readonly<Record<string, { status: string; tracking: string }>> = O
 });
 const SHIPMENTS: Readonly<Record<string, string>> = Object.freeze({ SF100: "杭州转运中心，预计明天送达" });
 
-function orderTools(calls: string[]): ToolRegistry {
+function orderTools(calls: string[], keys: string[]): ToolRegistry {
   const lookup = (name: string, read: (key: string) => string | undefined, key: "orderId" | "tracking"): Tool<{ [k: string]: string }> => ({
     name,
     description: `按 ${key} 查询`,
     schema: objectSchema({ [key]: stringValue }) as Tool<{ [k: string]: string }>["schema"],
-    async execute(parameters) {
+    async execute(parameters, context) {
       calls.push(`${name}(${parameters[key]})`);
+      keys.push((context as TaskToolContext).idempotencyKey);
       const found = read(parameters[key]!);
       if (found === undefined) return { content: [text(`${key} ${parameters[key]} 不存在`)], isError: true };
       return { content: [text(found)] };
@@ -78,28 +83,15 @@ function orderTools(calls: string[]): ToolRegistry {
   ]);
 }
 
-/** 记下每次 execute 的假执行器：路由测试只关心“谁被选中”。 */
-function recordingExecutor(kind: ExecutorKind, name: string, seen: string[]): Executor {
-  return {
-    kind,
-    name,
-    async execute(task: RoutedTask): Promise<ExecutionOutcome> {
-      seen.push(`${name}:${task.taskId}`);
-      return { status: "completed", output: `${name} 完成`, modelCalls: 0, tokens: 0 };
-    },
-  };
-}
-
 // ---------------------------------------------------------------------------
 // Lab 23.1 · 路由与固定 DAG
 // ---------------------------------------------------------------------------
 
 test("Lab 23.1 · 路由：规则优先且不调用模型；规则没覆盖的类型由模型选一次路线，选了不存在的路线、回复不合格或调用失败都落到默认路线并写明原因", HANG_GUARD, async () => {
-  const seen: string[] = [];
   const routes = {
-    "status-query": { executor: recordingExecutor("dag", "status-query", seen), description: "订单状态查询，路径固定" },
-    report: { executor: recordingExecutor("plan-execute", "report", seen), description: "多步骤的报表" },
-    react: { executor: recordingExecutor("react", "react", seen), description: "开放式任务" },
+    "status-query": { kind: "dag" as const, description: "订单状态查询，路径固定" },
+    report: { kind: "plan-execute" as const, description: "多步骤的报表" },
+    react: { kind: "react" as const, description: "开放式任务" },
   };
   const chooser = new ScriptedModel([
     reply('{"route":"report"}'),
@@ -133,17 +125,6 @@ test("Lab 23.1 · 路由：规则优先且不调用模型；规则没覆盖的�
   assert.equal(failed.by, "default");
   assert.match(failed.reason, /rate limited/);
   assert.equal(chooser.requests.length, 4);
-
-  // run()：先报告路由这一步，再交给选中的执行器；每次只执行一个执行器。
-  const steps: ExecutionStep[] = [];
-  const { decision, outcome } = await router.run(
-    { taskId: "t6", input: "ORD-7", type: "status_query" },
-    { onStep: (step) => steps.push(step) },
-  );
-  assert.equal(decision.executor, "status-query");
-  assert.equal(outcome.output, "status-query 完成");
-  assert.deepEqual(seen, ["status-query:t6"]);
-  assert.deepEqual(steps, [{ kind: "route", executor: "status-query", by: "rule", reason: "任务类型 status_query 命中规则" }]);
 
   assert.throws(
     () => new TaskRouter({ routes, rules: { x: "nowhere" }, chooser, fallback: "react" }),
@@ -226,6 +207,118 @@ test("Lab 23.1 · DAG：依赖都完成的节点同时启动；一个节点失�
   await assert.rejects(runDag([node("x", ["x"], () => 1)], task), InvalidDag);
   assert.deepEqual(started, [], "有环的图一个节点都不运行");
   assert.deepEqual(validateDag([plain("c", ["a", "b"]), plain("a"), plain("b", ["a"])]), ["a", "b", "c"]);
+});
+
+test("Lab 23.1 · 同一个查询：DAG 路径只调用一次模型，ReAct 循环要调用三次；两条路径写同一份任务日志，DAG 的每次调用都标明属于哪个节点", HANG_GUARD, async () => {
+  const dir = await mkdtemp(path.join(tmpdir(), "pi-course-23-route-"));
+  try {
+    const file = path.join(dir, "tasks.log");
+    const store = await TaskStore.open(file);
+    const calls: string[] = [];
+    const keys: string[] = [];
+    const tools = orderTools(calls, keys);
+    const answer = "ORD-7 已发货，运单 SF100 在杭州转运中心，预计明天送达。";
+    // ReAct：模型先查订单，再查物流，最后回答——三次模型调用。
+    const loopModel = new ScriptedModel([
+      callReply("c1", "query_order", { orderId: "ORD-7" }),
+      callReply("c2", "query_logistics", { tracking: "SF100" }),
+      reply(answer),
+    ]);
+    const runtime = new TaskRuntime({ store, model: loopModel, tools, clock: () => 1_000 });
+    // DAG：订单与工单并行，物流等订单，最后一次模型调用写回答。
+    const dagModel = new ScriptedModel([reply(answer), reply(answer)]);
+    const status = new DagExecutor({
+      name: "status-query",
+      model: dagModel,
+      tools,
+      output: "answer",
+      nodes: [
+        toolNode("order", { tool: "query_order", arguments: (context) => ({ orderId: /ORD-\d+/.exec(context.task.input)![0] }) }),
+        toolNode("tickets", { tool: "query_tickets", arguments: (context) => ({ orderId: /ORD-\d+/.exec(context.task.input)![0] }) }),
+        toolNode("logistics", {
+          tool: "query_logistics",
+          dependsOn: ["order"],
+          arguments: (context) => ({ tracking: /运单号 (\S+)/.exec(String(context.inputs.order))![1]! }),
+        }),
+        modelNode("answer", {
+          dependsOn: ["order", "logistics", "tickets"],
+          prompt: (context) => `用一句话回答用户：${context.task.input}\n${Object.values(context.inputs).join("\n")}`,
+        }),
+      ],
+    });
+    const chooser = new ScriptedModel([reply('{"route":"status-query"}', 6)]);
+    const router = new TaskRouter({
+      routes: {
+        "status-query": { kind: "dag", description: "订单状态查询，路径固定" },
+        react: { kind: "react", description: "开放式任务" },
+      },
+      rules: { status_query: "status-query", open_ended: "react" },
+      chooser,
+      fallback: "react",
+    });
+    const orchestrator = new Orchestrator({
+      router,
+      runtime,
+      clock: () => 1_000,
+      executors: { "status-query": status, react: new ReactExecutor({ runtime }) },
+    });
+    const query = "我的订单 ORD-7 到哪了？";
+    await orchestrator.submit({ id: "dag", input: query, type: "status_query" });
+    await orchestrator.submit({ id: "loop", input: query, type: "open_ended" });
+    await orchestrator.submit({ id: "guess", input: query });
+
+    const dag = await orchestrator.run("dag");
+    const loop = await orchestrator.run("loop");
+    const modelSteps = (snapshot: TaskSnapshot) => snapshot.context.steps.filter((step) => step.type === "model_call").length;
+    assert.equal(dag.state, "completed");
+    assert.equal(loop.state, "completed");
+    assert.equal(modelSteps(dag), 1, "DAG 路径：一次模型调用");
+    assert.equal(modelSteps(loop), 3, "ReAct 路径：三次模型调用");
+    assert.equal(dag.context.outcome, answer);
+    assert.equal(loop.context.outcome, answer);
+    assert.equal(dagModel.requests.length, 1);
+    assert.equal(loopModel.requests.length, 3);
+    assert.match(textOf(dagModel.requests[0]!.messages[0]!), /杭州转运中心/, "回答节点拿到了物流节点的输出");
+    assert.equal(chooser.requests.length, 0, "两个任务都命中规则");
+
+    // 同一份日志：DAG 任务也有 created → started → completed，每次调用一个步骤，步骤号连续、幂等键按任务 + 步骤。
+    assert.deepEqual(store.events("dag").map((event) => `${event.from}→${event.to}:${event.event}`), [
+      "pending→pending:created",
+      "pending→running:started",
+      "running→completed:completed",
+    ]);
+    assert.deepEqual(dag.context.steps.map((step) => step.stepId).sort((a, b) => a - b), [1, 2, 3, 4]);
+    assert.deepEqual(dag.context.steps.map((step) => step.type).sort(), ["model_call", "tool_call", "tool_call", "tool_call"]);
+    assert.deepEqual(dag.context.steps.at(-1)!.type, "model_call", "回答节点在三个工具节点之后");
+    const record = dag.context.extensions?.[ORCHESTRATION_KEY] as unknown as OrchestrationRecord;
+    assert.deepEqual(record.route, { executor: "status-query", kind: "dag", by: "rule", reason: "任务类型 status_query 命中规则" });
+    assert.deepEqual(Object.fromEntries(record.calls.map((call) => [call.step, call.node])), {
+      [dag.context.steps.find((step) => step.type === "model_call")!.stepId]: "answer",
+      ...Object.fromEntries(dag.context.steps.flatMap((step) => (step.type === "tool_call" ? [[step.stepId, step.callId.split(":")[1]!]] : []))),
+    });
+    for (const step of dag.context.steps) {
+      if (step.type === "tool_call") assert.equal(step.idempotencyKey, `dag#${step.stepId}`);
+    }
+    assert.ok(keys.includes("dag#1") && keys.includes("loop#2"), "两条路径的工具都拿到任务 + 步骤的幂等键");
+
+    // 规则没覆盖：路由模型的那次调用本身也是一个步骤（花的 token 记在这个任务上），之后照样走 DAG。
+    const guessed = await orchestrator.run("guess");
+    assert.equal(guessed.state, "completed");
+    assert.equal(modelSteps(guessed), 2, "一次选路线 + 一次回答");
+    const guessedRecord = guessed.context.extensions?.[ORCHESTRATION_KEY] as unknown as OrchestrationRecord;
+    assert.equal(guessedRecord.route?.by, "model");
+    assert.equal(guessedRecord.calls[0]!.node, "route");
+    assert.equal(guessed.context.tokensUsed, 16);
+
+    // 日志是耐久的：重新打开，看到的是同样的快照。
+    await store.close();
+    const reopened = await TaskStore.open(file, { readOnly: true });
+    assert.deepEqual(reopened.latest("dag"), dag);
+    assert.deepEqual(reopened.latest("loop"), loop);
+    await reopened.close();
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
 });
 
 // ---------------------------------------------------------------------------
@@ -433,9 +526,4 @@ test("Lab 23.2 · 工作记忆写在任务快照里：窗口裁掉旧消息之�
   ]);
   assert.ok(Array.isArray(saved[WORKING_MEMORY_KEY]));
   void (null as unknown as AgentMessage);
-  void DagExecutor;
-  void modelNode;
-  void toolNode;
-  void orderTools;
-  void callReply;
 });

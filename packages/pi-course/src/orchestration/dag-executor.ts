@@ -8,15 +8,28 @@
 // 执行器没有模块级的可变状态：每次 run 的全部进度都在这次调用自己的局部对象里。
 
 import type { JsonValue } from "../session.js";
-import { executeToolCall, type ToolRegistry } from "../tool.js";
-import { textOf, userMessage, type Model, type ToolCall } from "../types.js";
-import { countingModel, type ExecutionOutcome, type Executor, type ExecutorRunOptions, type RoutedTask } from "./router.js";
+import { ToolRegistry } from "../tool.js";
+import { assistantMessage, textOf, userMessage, type Model, type ToolResultMessage } from "../types.js";
+import { AssistantMessageEventStream } from "../event-stream.js";
+import {
+  countingTracker,
+  type CallTracker,
+  type ExecutionOutcome,
+  type Executor,
+  type ExecutorRunOptions,
+  type RoutedTask,
+} from "./router.js";
 
-/** 交给节点的上下文：任务本身、已完成依赖的输出（只读副本）和取消信号。 */
+/**
+ * 交给节点的上下文：任务本身、已完成依赖的输出（只读副本）、取消信号，
+ * 以及这个节点发起调用的两个入口——经过它们的每次调用都被计数、记进任务日志，并标明属于哪个节点。
+ */
 export interface DagNodeContext {
   task: RoutedTask;
   inputs: Readonly<Record<string, JsonValue>>;
   signal?: AbortSignal;
+  model: Model;
+  callTool(name: string, args: JsonValue): Promise<ToolResultMessage>;
 }
 
 export interface DagNode {
@@ -103,13 +116,36 @@ export function validateDag(nodes: readonly DagNode[]): string[] {
  * 运行一张已经检查过的图。返回的 Promise 不会因为节点失败而 reject：失败写在报告里。
  * 调度是事件驱动的：每当一个节点结束，就把因此变成就绪的节点一起启动。
  */
-export async function runDag(
-  nodes: readonly DagNode[],
-  task: RoutedTask,
-  options: { signal?: AbortSignal; hooks?: DagHooks } = {},
-): Promise<DagRunResult> {
+export interface RunDagOptions {
+  signal?: AbortSignal;
+  hooks?: DagHooks;
+  /** 节点里的模型调用用它；省略时节点一调用模型就失败。 */
+  model?: Model;
+  /** 节点里的工具调用用它；省略时是一个空注册表。 */
+  tools?: ToolRegistry;
+  /** 省略时只计数、不写日志。 */
+  tracker?: CallTracker;
+}
+
+/** 没有配置模型的图：节点一调用就得到一条失败回复。 */
+const NO_MODEL: Model = Object.freeze({
+  stream() {
+    const stream = new AssistantMessageEventStream();
+    const failure = assistantMessage([], "error", { errorMessage: "这张图没有配置模型" });
+    queueMicrotask(() => {
+      stream.push({ type: "error", reason: "error", error: failure });
+      stream.end(failure);
+    });
+    return stream;
+  },
+});
+
+export async function runDag(nodes: readonly DagNode[], task: RoutedTask, options: RunDagOptions = {}): Promise<DagRunResult> {
   validateDag(nodes);
   const { signal, hooks } = options;
+  const tracker = options.tracker ?? countingTracker(task.taskId);
+  const tools = options.tools ?? new ToolRegistry();
+  const model = options.model ?? NO_MODEL;
   const reports = new Map<string, DagNodeReport>();
   const outputs: Record<string, JsonValue> = {};
   const started: string[] = [];
@@ -133,7 +169,14 @@ export async function runDag(
     hooks?.onNodeStart?.(node.id);
     const inputs: Record<string, JsonValue> = {};
     for (const id of node.dependsOn ?? []) inputs[id] = structuredClone(outputs[id]!);
-    const context: DagNodeContext = { task: structuredClone(task), inputs, ...(signal ? { signal } : {}) };
+    const context: DagNodeContext = {
+      task: structuredClone(task),
+      inputs,
+      ...(signal ? { signal } : {}),
+      model: tracker.model(model, node.id),
+      callTool: (name, args) =>
+        tracker.tool({ type: "toolCall", id: `${task.taskId}:${node.id}`, name, arguments: args }, tools, node.id, signal),
+    };
     const done = (async () => {
       try {
         const output = await node.run(context);
@@ -185,18 +228,16 @@ export async function runDag(
 // 常用节点与执行器
 // ---------------------------------------------------------------------------
 
-/** 一个调用工具的节点：参数由任务与依赖的输出算出；工具失败（isError）就是节点失败。 */
+/** 一个调用工具的节点：参数由任务与依赖的输出算出；工具失败（isError）就是节点失败，输出是结果正文。 */
 export function toolNode(
   id: string,
-  o: { tools: ToolRegistry; tool: string; dependsOn?: readonly string[]; arguments(context: DagNodeContext): JsonValue },
+  o: { tool: string; dependsOn?: readonly string[]; arguments(context: DagNodeContext): JsonValue },
 ): DagNode {
   return {
     id,
     ...(o.dependsOn ? { dependsOn: o.dependsOn } : {}),
     async run(context) {
-      const call: ToolCall = { type: "toolCall", id: `${context.task.taskId}:${id}`, name: o.tool, arguments: o.arguments(context) };
-      // DAG 是宿主写死的路径，不是模型发起的调用：以 script 身份经过第 06/15 章的同一个执行器。
-      const result = await executeToolCall(call, o.tools, context.signal ? { signal: context.signal } : {}, "script");
+      const result = await context.callTool(o.tool, o.arguments(context));
       const body = textOf(result);
       if (result.isError) throw new Error(body);
       return body;
@@ -207,13 +248,13 @@ export function toolNode(
 /** 一个调用模型的节点：提示由任务与依赖的输出拼成，输出是回复的文本。模型失败就是节点失败。 */
 export function modelNode(
   id: string,
-  o: { model: Model; dependsOn?: readonly string[]; prompt(context: DagNodeContext): string },
+  o: { dependsOn?: readonly string[]; prompt(context: DagNodeContext): string },
 ): DagNode {
   return {
     id,
     ...(o.dependsOn ? { dependsOn: o.dependsOn } : {}),
     async run(context) {
-      const reply = await o.model
+      const reply = await context.model
         .stream({ messages: [userMessage(o.prompt(context))] }, context.signal ? { signal: context.signal } : {})
         .result();
       if (reply.stopReason === "error" || reply.stopReason === "aborted") {
@@ -227,45 +268,47 @@ export function modelNode(
 export interface DagExecutorOptions {
   /** 路由表里用的名字，例如 "status-query"。 */
   name: string;
-  /** 图由任务决定形状时传函数；节点里的模型要用传给执行器的那个（它会被计数）。 */
-  nodes(model: Model): DagNode[];
+  nodes: readonly DagNode[];
   /** 任务的最终输出取自哪个节点。 */
   output: string;
-  model: Model;
+  model?: Model;
+  tools?: ToolRegistry;
 }
 
-/** 把一张固定的图包装成路由器认识的执行器。 */
+/** 把一张固定的图包装成路由器认识的执行器。图在构造时检查一次。 */
 export class DagExecutor implements Executor {
   readonly kind = "dag" as const;
   readonly name: string;
   readonly #options: DagExecutorOptions;
 
   constructor(options: DagExecutorOptions) {
-    const nodes = options.nodes(options.model);
-    validateDag(nodes);
-    if (!nodes.some((node) => node.id === options.output)) throw new InvalidDag(`输出节点 ${options.output} 不在图里`);
+    validateDag(options.nodes);
+    if (!options.nodes.some((node) => node.id === options.output)) throw new InvalidDag(`输出节点 ${options.output} 不在图里`);
     this.name = options.name;
     this.#options = options;
   }
 
   async execute(task: RoutedTask, options: ExecutorRunOptions = {}): Promise<ExecutionOutcome> {
-    const counter = countingModel(this.#options.model);
-    const nodes = this.#options.nodes(counter.model);
-    const result = await runDag(nodes, task, {
+    const tracker = options.tracker ?? countingTracker(task.taskId);
+    const result = await runDag(this.#options.nodes, task, {
       ...(options.signal ? { signal: options.signal } : {}),
+      ...(this.#options.model ? { model: this.#options.model } : {}),
+      ...(this.#options.tools ? { tools: this.#options.tools } : {}),
+      tracker,
       hooks: {
         onNodeStart: (id) => options.onStep?.({ kind: "dag_node_start", node: id }),
-        onNodeEnd: (report) => options.onStep?.({ kind: "dag_node_end", node: report.id, status: report.status, ...(report.error ? { error: report.error } : {}) }),
+        onNodeEnd: (report) =>
+          options.onStep?.({ kind: "dag_node_end", node: report.id, status: report.status, ...(report.error ? { error: report.error } : {}) }),
       },
     });
     const output = result.nodes.find((report) => report.id === this.#options.output)!;
     const failed = result.nodes.filter((report) => report.status === "failed").map((report) => `${report.id}: ${report.error}`);
     return {
       status: result.status,
-      output: output.status === "completed" ? String(output.output) : "",
-      modelCalls: counter.calls(),
-      tokens: counter.tokens(),
-      ...(failed.length > 0 ? { error: failed.join("; ") } : {}),
+      output: output.status === "completed" ? (typeof output.output === "string" ? output.output : JSON.stringify(output.output)) : "",
+      modelCalls: tracker.modelCalls(),
+      tokens: tracker.tokens(),
+      ...(result.status === "cancelled" ? { error: "任务被取消" } : failed.length > 0 ? { error: failed.join("; ") } : {}),
       details: { nodes: result.nodes as unknown as JsonValue, started: result.started },
     };
   }

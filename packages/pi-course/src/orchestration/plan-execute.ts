@@ -7,10 +7,10 @@
 // 每个任务只有一次。修订过之后再失败，任务就以失败结束，不会无休止地重新规划。
 
 import type { JsonValue } from "../session.js";
-import { executeToolCall, type ToolRegistry } from "../tool.js";
+import type { ToolRegistry } from "../tool.js";
 import { textOf, type AgentMessage, type Model, type ToolCall } from "../types.js";
 import { WorkingMemory } from "./memory.js";
-import { countingModel, type ExecutionOutcome, type Executor, type ExecutorRunOptions, type RoutedTask } from "./router.js";
+import { countingTracker, type ExecutionOutcome, type Executor, type ExecutorRunOptions, type RoutedTask } from "./router.js";
 
 export interface PlanStep {
   id: string;
@@ -136,13 +136,14 @@ export class PlanExecuteExecutor implements Executor {
 
   async execute(task: RoutedTask, options: ExecutorRunOptions = {}): Promise<ExecutionOutcome> {
     const { tools } = this.#options;
-    const counter = countingModel(this.#options.model);
+    const tracker = options.tracker ?? countingTracker(task.taskId);
     const memory = new WorkingMemory();
     const records: StepRecord[] = [];
     let revised = false;
     const signal = options.signal;
-    const ask = async (messages: AgentMessage[]): Promise<string> => {
-      const reply = await counter.model.stream({ messages }, signal ? { signal } : {}).result();
+    // node：这次模型调用属于计划的哪一段（plan / revise / answer），日志里据此分组。
+    const ask = async (messages: AgentMessage[], node: string): Promise<string> => {
+      const reply = await tracker.model(this.#options.model, node).stream({ messages }, signal ? { signal } : {}).result();
       if (reply.stopReason === "error" || reply.stopReason === "aborted") {
         throw new ModelFailure(reply.stopReason === "aborted", reply.errorMessage ?? reply.stopReason);
       }
@@ -151,8 +152,8 @@ export class PlanExecuteExecutor implements Executor {
     const finish = (status: ExecutionOutcome["status"], output: string, error?: string, plan?: Plan): ExecutionOutcome => ({
       status,
       output,
-      modelCalls: counter.calls(),
-      tokens: counter.tokens(),
+      modelCalls: tracker.modelCalls(),
+      tokens: tracker.tokens(),
       ...(error !== undefined ? { error } : {}),
       details: {
         plan: (plan ?? null) as unknown as JsonValue,
@@ -165,7 +166,7 @@ export class PlanExecuteExecutor implements Executor {
     // 1. 规划：一次模型调用，回复必须是计划数据。
     let plan: Plan;
     try {
-      plan = parsePlan(await ask(this.#planningMessages(task)), tools);
+      plan = parsePlan(await ask(this.#planningMessages(task), "plan"), tools);
     } catch (error) {
       if (error instanceof ModelFailure) return finish(error.aborted ? "cancelled" : "failed", "", error.message);
       return finish("failed", "", `计划无效：${(error as Error).message}`);
@@ -179,7 +180,7 @@ export class PlanExecuteExecutor implements Executor {
       if (signal?.aborted) return finish("cancelled", "", "任务被取消", plan);
       const step = remaining.shift()!;
       const call: ToolCall = { type: "toolCall", id: `${task.taskId}:${step.id}`, name: step.tool, arguments: step.arguments };
-      const result = await executeToolCall(call, tools, signal ? { signal } : {}, "script");
+      const result = await tracker.tool(call, tools, step.id, signal);
       const record: StepRecord = { id: step.id, tool: step.tool, ok: !result.isError, result: clip(textOf(result)) };
       records.push(record);
       memory.note(step.id, { tool: step.tool, ok: record.ok, result: record.result }, call.id);
@@ -195,7 +196,7 @@ export class PlanExecuteExecutor implements Executor {
       let replacement: PlanStep[] | undefined;
       try {
         const done = new Set(records.map((item) => item.id));
-        replacement = parseRevision(await ask(this.#revisionMessages(plan, records, remaining, memory)), tools, done);
+        replacement = parseRevision(await ask(this.#revisionMessages(plan, records, remaining, memory), "revise"), tools, done);
       } catch (error) {
         if (error instanceof ModelFailure) return finish(error.aborted ? "cancelled" : "failed", "", error.message, plan);
         return finish("failed", "", `计划修订无效：${(error as Error).message}`, plan);
@@ -212,7 +213,7 @@ export class PlanExecuteExecutor implements Executor {
 
     // 4. 回答：只读目标与工作记忆里的笔记。
     try {
-      const answer = await ask(this.#answerMessages(task, memory));
+      const answer = await ask(this.#answerMessages(task, memory), "answer");
       return finish("completed", answer, undefined, plan);
     } catch (error) {
       const failure = error as ModelFailure;

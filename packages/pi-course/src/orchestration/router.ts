@@ -1,11 +1,38 @@
 // 路由层：任务进来先看类型，再决定由哪种执行器来跑。
 //
 // 能用确定的流程解决的任务（固定 DAG）不交给模型绕圈；半开放的任务先让模型写计划再照着执行；
-// 完全开放的任务才进 ReAct 循环。规则表没有覆盖到的类型，由模型做一次选择——只选路线，不做任务本身。
-// 模型的选择同样要经过检查：名字不在表里、回复不是约定的 JSON、模型调用失败，都落到默认路线，并写明原因。
+// 完全开放的任务才进第 21 章的 ReAct 循环（TaskRuntime）。规则表没有覆盖到的类型，由模型做一次选择——
+// 只选路线，不做任务本身。模型的选择同样要经过检查：名字不在表里、回复不是约定的 JSON、模型调用失败，
+// 都落到默认路线，并写明原因。
+//
+// 三种执行器写同一份任务日志（第 21 章的 TaskStore）：路由的决定记在快照的 extensions 里，
+// DAG 与规划-执行的每次模型调用、每次工具调用都是一个 model_call / tool_call 步骤、一次检查点，
+// 和 ReAct 循环留下的步骤形状完全相同。观测（spans、metrics）因此只读一份日志。
 
 import type { JsonValue } from "../session.js";
-import { textOf, type AgentContext, type Model, type ModelStream, type ModelStreamOptions, type SystemMessage, type UserMessage } from "../types.js";
+import { executeToolCall, failedResult, type ToolRegistry } from "../tool.js";
+import {
+  textOf,
+  type AgentContext,
+  type AssistantMessage,
+  type Model,
+  type ModelStream,
+  type ModelStreamOptions,
+  type SystemMessage,
+  type ToolCall,
+  type ToolResultMessage,
+  type UserMessage,
+} from "../types.js";
+import { checkpoint, isTerminal, transition, type TaskEvent, type TaskSnapshot, type TaskStep } from "../task-runtime/task-state.js";
+import { jsonCopy, type TaskStore } from "../task-runtime/task-store.js";
+import {
+  idempotencyKey,
+  type TaskHooks,
+  type TaskRuntime,
+  type TaskRuntimeEvent,
+  type TaskSpec,
+  type TaskToolContext,
+} from "../task-runtime/task-runner.js";
 
 export type ExecutorKind = "dag" | "plan-execute" | "react";
 
@@ -16,12 +43,25 @@ export interface RoutedTask {
   type?: string;
 }
 
-/** 执行过程中的一个可观察步骤（节点启动 / 结束、计划写成、计划修订……），由调用方决定记到哪里。 */
-export type ExecutionStep = { kind: string } & Record<string, JsonValue>;
+/** 执行过程中的一个可观察步骤（节点启动 / 结束、计划写成、计划修订……）。 */
+export type ExecutionStep = { kind: string } & { [key: string]: JsonValue };
+
+/**
+ * 执行器发出的每一次模型调用、每一次工具调用都经过它：它数次数、记 token，
+ * 在接上任务日志时把每次调用写成一个步骤（一次检查点）。node 是这次调用属于哪个节点或计划步骤。
+ */
+export interface CallTracker {
+  model(inner: Model, node: string): Model;
+  tool(call: ToolCall, tools: ToolRegistry, node: string, signal?: AbortSignal): Promise<ToolResultMessage>;
+  modelCalls(): number;
+  tokens(): number;
+}
 
 export interface ExecutorRunOptions {
   signal?: AbortSignal;
   onStep?(step: ExecutionStep): void;
+  /** 省略时执行器自己用一个只计数的 tracker（不写日志）。 */
+  tracker?: CallTracker;
 }
 
 /** 每种执行器交回的结局。modelCalls 与 tokens 来自执行器真正发出的模型请求。 */
@@ -40,6 +80,103 @@ export interface Executor {
   execute(task: RoutedTask, options?: ExecutorRunOptions): Promise<ExecutionOutcome>;
 }
 
+// ---------------------------------------------------------------------------
+// 调用计数与记录
+// ---------------------------------------------------------------------------
+
+/** 一次调用的记录：开始与结束的时间、属于哪个节点。真正写进日志的是 TaskStep，这里是它的补充。 */
+export interface CallRecord {
+  step: number;
+  node: string;
+  startedAt: number;
+}
+
+interface TrackerSink {
+  /** 为下一次调用预留一个步骤号（并行的节点各拿各的）。 */
+  reserve(): number;
+  /** 一次调用结束：写下步骤。 */
+  record(step: TaskStep, call: CallRecord, result?: ToolResultMessage): Promise<void>;
+  gate?(call: ToolCall): Promise<{ allow: true } | { allow: false; message: string }>;
+  taskId: string;
+  clock(): number;
+}
+
+function trackerOver(sink: TrackerSink): CallTracker {
+  let calls = 0;
+  let tokens = 0;
+  return {
+    model(inner, node) {
+      return {
+        stream(context: AgentContext, options?: ModelStreamOptions): ModelStream {
+          calls += 1;
+          const step = sink.reserve();
+          const startedAt = sink.clock();
+          const stream = inner.stream(context, options);
+          // 记录挂在 result() 上；调用方拿到结果时，计数已经更新，步骤正在落盘。
+          const recorded = stream.result().then(async (message: AssistantMessage) => {
+            tokens += message.usage.totalTokens;
+            const at = sink.clock();
+            const toolCallIds = message.content.flatMap((block) => (block.type === "toolCall" ? [block.id] : []));
+            await sink.record(
+              { stepId: step, type: "model_call", at, stopReason: message.stopReason, tokens: message.usage.totalTokens, toolCallIds },
+              { step, node, startedAt },
+            );
+            return message;
+          });
+          return {
+            [Symbol.asyncIterator]: () => stream[Symbol.asyncIterator](),
+            result: () => recorded,
+          };
+        },
+      };
+    },
+    async tool(call, tools, node, signal) {
+      const step = sink.reserve();
+      const startedAt = sink.clock();
+      const key = idempotencyKey(sink.taskId, step);
+      const decision = (await sink.gate?.(structuredClone(call))) ?? { allow: true };
+      let result: ToolResultMessage;
+      if (!decision.allow) {
+        result = failedResult(call, new Error(decision.message));
+      } else {
+        const context: Omit<TaskToolContext, "callId"> = { taskId: sink.taskId, step, idempotencyKey: key };
+        if (signal !== undefined) context.signal = signal;
+        // 宿主（DAG）或计划发起的调用：以 script 身份经过第 06/15 章的同一个执行器。
+        result = await executeToolCall(call, tools, context, "script");
+      }
+      const at = sink.clock();
+      const body = textOf(result);
+      await sink.record(
+        {
+          stepId: step,
+          type: "tool_call",
+          at,
+          tool: call.name,
+          callId: call.id,
+          idempotencyKey: key,
+          isError: result.isError,
+          result: body.length <= 200 ? body : `${body.slice(0, 199)}…`,
+        },
+        { step, node, startedAt },
+        result,
+      );
+      return result;
+    },
+    modelCalls: () => calls,
+    tokens: () => tokens,
+  };
+}
+
+/** 不写日志、只计数的 tracker：单独运行一个执行器时用。 */
+export function countingTracker(taskId: string, clock: () => number = Date.now): CallTracker {
+  let next = 1;
+  return trackerOver({ taskId, clock, reserve: () => next++, record: async () => undefined });
+}
+
+// ---------------------------------------------------------------------------
+// 路由决定
+// ---------------------------------------------------------------------------
+
 /** 路由的决定：走哪条路线，由谁决定（规则 / 模型 / 默认），以及为什么。 */
 export interface RouteDecision {
   executor: string;
@@ -49,13 +186,13 @@ export interface RouteDecision {
 }
 
 export interface RouteEntry {
-  executor: Executor;
+  kind: ExecutorKind;
   /** 给路由模型看的一句话：这条路线适合什么任务。 */
   description: string;
 }
 
 export interface TaskRouterOptions {
-  /** 路线名 → 执行器与说明。 */
+  /** 路线名 → 执行器种类与说明。 */
   routes: Record<string, RouteEntry>;
   /** 任务类型 → 路线名：规则优先。 */
   rules: Record<string, string>;
@@ -68,23 +205,6 @@ export interface TaskRouterOptions {
 /** 路由模型的回复格式：恰好一个 JSON 对象 {"route":"路线名"}。 */
 export const ROUTE_REPLY_FORMAT = '{"route":"路线名"}';
 
-/** 包一层模型：数一数发出了几次请求、用了多少 token。每次执行各包各的，计数不会串到别的任务。 */
-export function countingModel(inner: Model): { model: Model; calls(): number; tokens(): number } {
-  let calls = 0;
-  let tokens = 0;
-  const model: Model = {
-    stream(context: AgentContext, options?: ModelStreamOptions): ModelStream {
-      calls += 1;
-      const stream = inner.stream(context, options);
-      void stream.result().then((message) => {
-        tokens += message.usage.totalTokens;
-      }, () => undefined);
-      return stream;
-    },
-  };
-  return { model, calls: () => calls, tokens: () => tokens };
-}
-
 function system(content: string): SystemMessage {
   return { role: "system", content, timestamp: 0 };
 }
@@ -95,10 +215,9 @@ function user(content: string): UserMessage {
 
 /** 从模型回复里读出路线名；不是约定格式时返回 undefined。 */
 export function parseRouteReply(reply: string): string | undefined {
-  const trimmed = reply.trim();
   let parsed: unknown;
   try {
-    parsed = JSON.parse(trimmed);
+    parsed = JSON.parse(reply.trim());
   } catch {
     return undefined;
   }
@@ -112,25 +231,30 @@ export class TaskRouter {
 
   constructor(options: TaskRouterOptions) {
     for (const [type, route] of Object.entries(options.rules)) {
-      if (!(route in options.routes)) throw new Error(`路由规则 ${type} → ${route}：没有这条路线`);
+      if (!Object.hasOwn(options.routes, route)) throw new Error(`路由规则 ${type} → ${route}：没有这条路线`);
     }
-    if (!(options.fallback in options.routes)) throw new Error(`默认路线 ${options.fallback} 不存在`);
+    if (!Object.hasOwn(options.routes, options.fallback)) throw new Error(`默认路线 ${options.fallback} 不存在`);
     this.#options = options;
   }
 
+  routeNames(): string[] {
+    return Object.keys(this.#options.routes);
+  }
+
   /** 只做决定，不执行。规则命中时不调用模型。 */
-  async route(task: RoutedTask, options: { signal?: AbortSignal } = {}): Promise<RouteDecision> {
+  async route(task: RoutedTask, options: { signal?: AbortSignal; tracker?: CallTracker } = {}): Promise<RouteDecision> {
     const { routes, rules, fallback } = this.#options;
     const decision = (executor: string, by: RouteDecision["by"], reason: string): RouteDecision => ({
       executor,
-      kind: routes[executor]!.executor.kind,
+      kind: routes[executor]!.kind,
       by,
       reason,
     });
     if (task.type !== undefined && Object.hasOwn(rules, task.type)) {
       return decision(rules[task.type]!, "rule", `任务类型 ${task.type} 命中规则`);
     }
-    const reply = await this.#options.chooser
+    const chooser = options.tracker ? options.tracker.model(this.#options.chooser, "route") : this.#options.chooser;
+    const reply = await chooser
       .stream(this.#chooserContext(task), options.signal ? { signal: options.signal } : {})
       .result();
     if (reply.stopReason === "error" || reply.stopReason === "aborted") {
@@ -140,17 +264,6 @@ export class TaskRouter {
     if (chosen === undefined) return decision(fallback, "default", `路由模型的回复不是 ${ROUTE_REPLY_FORMAT}，走默认路线`);
     if (!Object.hasOwn(routes, chosen)) return decision(fallback, "default", `路由模型选了不存在的路线 ${chosen}，走默认路线`);
     return decision(chosen, "model", `规则没有覆盖${task.type === undefined ? "无类型的任务" : `类型 ${task.type}`}，由模型选择`);
-  }
-
-  /** 决定并执行；决定本身先作为一个步骤报告出去，执行器的步骤随后。 */
-  async run(
-    task: RoutedTask,
-    options: ExecutorRunOptions = {},
-  ): Promise<{ decision: RouteDecision; outcome: ExecutionOutcome }> {
-    const decision = await this.route(task, options.signal ? { signal: options.signal } : {});
-    options.onStep?.({ kind: "route", executor: decision.executor, by: decision.by, reason: decision.reason });
-    const outcome = await this.#options.routes[decision.executor]!.executor.execute(task, options);
-    return { decision, outcome };
   }
 
   #chooserContext(task: RoutedTask): AgentContext {
@@ -168,5 +281,284 @@ export class TaskRouter {
         user(task.type === undefined ? task.input : `任务类型：${task.type}\n${task.input}`),
       ],
     };
+  }
+}
+
+// ---------------------------------------------------------------------------
+// ReAct 路线：第 21 章的 TaskRuntime 原样接上
+// ---------------------------------------------------------------------------
+
+/** 把 TaskRuntime 包成执行器：任务已经在它的存储里，run 到终态或 paused，结局从快照读出。 */
+export class ReactExecutor implements Executor {
+  readonly kind = "react" as const;
+  readonly name: string;
+  readonly #runtime: TaskRuntime;
+
+  constructor(options: { name?: string; runtime: TaskRuntime }) {
+    this.name = options.name ?? "react";
+    this.#runtime = options.runtime;
+  }
+
+  async execute(task: RoutedTask, options: ExecutorRunOptions = {}): Promise<ExecutionOutcome> {
+    const snapshot = await this.#runtime.run(task.taskId, options.signal ? { signal: options.signal } : {});
+    return outcomeOf(snapshot);
+  }
+}
+
+/** 从一份快照读出结局：模型调用次数就是 model_call 步骤的个数。 */
+export function outcomeOf(snapshot: TaskSnapshot): ExecutionOutcome {
+  const modelCalls = snapshot.context.steps.filter((step) => step.type === "model_call").length;
+  const status = snapshot.state === "completed" ? "completed" : snapshot.state === "failed" ? "failed" : "cancelled";
+  const outcome: ExecutionOutcome = {
+    status,
+    output: status === "completed" ? (snapshot.context.outcome ?? "") : "",
+    modelCalls,
+    tokens: snapshot.context.tokensUsed,
+  };
+  if (status !== "completed") outcome.error = snapshot.context.outcome ?? `任务停在 ${snapshot.state}`;
+  return outcome;
+}
+
+// ---------------------------------------------------------------------------
+// Orchestrator：路由 + 执行器 + 同一份任务日志
+// ---------------------------------------------------------------------------
+
+/** 路由相关的数据放在 TaskContext.extensions 的这个键下。 */
+export const ORCHESTRATION_KEY = "orchestration";
+
+/** extensions.orchestration 的形状：决定、每次调用属于哪个节点、（DAG 的）节点报告。 */
+export interface OrchestrationRecord {
+  /** 第一次运行时写下；之后的运行读回它。 */
+  route?: RouteDecision;
+  calls: CallRecord[];
+  details?: JsonValue;
+}
+
+export interface OrchestratorOptions {
+  router: TaskRouter;
+  /** 路线名 → 执行器；react 路线通常是 new ReactExecutor({ runtime })。 */
+  executors: Record<string, Executor>;
+  /** ReAct 路线与任务日志都用它（runtime.store）。 */
+  runtime: TaskRuntime;
+  clock?: () => number;
+  /**
+   * 第 21/22 章的钩子：gateTool 也管规划-执行与 DAG 发起的工具调用（计划是模型写的），
+   * onEvent 收到这些任务的每次提交，与 TaskRuntime 报告的形状相同。
+   */
+  hooks?: TaskHooks | readonly TaskHooks[];
+}
+
+function orchestrationOf(snapshot: TaskSnapshot): OrchestrationRecord | undefined {
+  const stored = snapshot.context.extensions?.[ORCHESTRATION_KEY];
+  if (typeof stored !== "object" || stored === null || Array.isArray(stored)) return undefined;
+  return stored as unknown as OrchestrationRecord;
+}
+
+/**
+ * 一个任务的日志写入口：当前快照、下一个步骤号、一条串行的提交链。
+ * 并行节点的调用各自结束、各自记录，提交仍然一个接一个，版本号连续。每次 run 一个新对象，任务之间不共享。
+ */
+class TaskJournal {
+  current: TaskSnapshot;
+  readonly tracker: CallTracker;
+  #next: number;
+  #chain: Promise<unknown> = Promise.resolve();
+  readonly #commit: Orchestrator["commitBatch"];
+
+  constructor(start: TaskSnapshot, commit: Orchestrator["commitBatch"], clock: () => number, gate: TrackerSink["gate"]) {
+    this.current = start;
+    this.#commit = commit;
+    this.#next = start.context.currentStep;
+    const sink: TrackerSink = {
+      taskId: start.taskId,
+      clock,
+      reserve: () => this.#next++,
+      record: (step, call) =>
+        this.update(async (snapshot) => {
+          const recorded = checkpoint(snapshot, (context) => {
+            context.steps.push(step);
+            context.currentStep = Math.max(context.currentStep, step.stepId + 1);
+            if (step.type === "model_call") context.tokensUsed += step.tokens;
+            const record = orchestrationOf(snapshot) ?? { calls: [] };
+            context.extensions = {
+              ...(context.extensions ?? {}),
+              [ORCHESTRATION_KEY]: { ...record, calls: [...(record.calls ?? []), call] } as unknown as JsonValue,
+            };
+          }, step.at);
+          return this.#commit(step.type === "model_call" ? "model" : "tool", recorded, [], step);
+        }),
+    };
+    if (gate !== undefined) sink.gate = gate;
+    this.tracker = trackerOver(sink);
+  }
+
+  /** 排到提交链的末尾；update 拿到的是此刻最新的快照。 */
+  update(change: (snapshot: TaskSnapshot) => Promise<TaskSnapshot>): Promise<void> {
+    const done = this.#chain.then(async () => {
+      this.current = await change(this.current);
+    });
+    this.#chain = done.catch(() => undefined);
+    return done;
+  }
+
+  /** 等提交链上已经排着的提交全部落盘。 */
+  async settled(): Promise<void> {
+    await this.#chain;
+  }
+}
+
+export class Orchestrator {
+  readonly #router: TaskRouter;
+  readonly #executors: Record<string, Executor>;
+  readonly #runtime: TaskRuntime;
+  readonly #clock: () => number;
+  readonly #hooks: readonly TaskHooks[];
+
+  constructor(options: OrchestratorOptions) {
+    for (const name of options.router.routeNames()) {
+      if (!Object.hasOwn(options.executors, name)) throw new Error(`路线 ${name} 没有执行器`);
+    }
+    this.#router = options.router;
+    this.#executors = options.executors;
+    this.#runtime = options.runtime;
+    this.#clock = options.clock ?? Date.now;
+    const hooks = options.hooks ?? [];
+    this.#hooks = Array.isArray(hooks) ? [...hooks] : [hooks as TaskHooks];
+  }
+
+  get store(): TaskStore {
+    return this.#runtime.store;
+  }
+
+  /** 任务进入同一份日志（pending + created）。 */
+  submit(spec: TaskSpec): Promise<TaskSnapshot> {
+    return this.#runtime.submit(spec);
+  }
+
+  /**
+   * 把一个任务跑到终态（或 paused）。第一次运行时先路由：路由模型的那次调用（如果有）是一个 model_call 步骤，
+   * 决定写进快照的 extensions。恢复或继续的任务读回那个决定，不再问模型。
+   */
+  async run(taskId: string, options: { signal?: AbortSignal; onStep?(step: ExecutionStep): void } = {}): Promise<TaskSnapshot> {
+    const start = this.#require(taskId);
+    if (isTerminal(start.state)) return start;
+    const task: RoutedTask = { taskId, input: start.context.input, ...(start.context.type === undefined ? {} : { type: start.context.type }) };
+    const journal = new TaskJournal(start, this.commitBatch, this.#clock, (call) => this.#gate(call, journal.current));
+    let decision = orchestrationOf(start)?.route;
+    if (decision === undefined) {
+      const decided = await this.#router.route(task, { ...(options.signal ? { signal: options.signal } : {}), tracker: journal.tracker });
+      decision = decided;
+      await journal.update(async (snapshot) => {
+        const routed = checkpoint(snapshot, (context) => {
+          const record: OrchestrationRecord = { ...(orchestrationOf(snapshot) ?? { calls: [] }), route: decided };
+          context.extensions = { ...(context.extensions ?? {}), [ORCHESTRATION_KEY]: record as unknown as JsonValue };
+        }, this.#clock());
+        return this.commitBatch("model", routed, []);
+      });
+    }
+    options.onStep?.({ kind: "route", executor: decision.executor, by: decision.by, reason: decision.reason });
+    const executor = this.#executors[decision.executor]!;
+    if (executor.kind === "react") {
+      await journal.settled();
+      await executor.execute(task, options.signal ? { signal: options.signal } : {});
+      return this.#require(taskId);
+    }
+    return this.#runRecorded(journal, task, executor, options);
+  }
+
+  /** 日志里没结束、也不是 paused 的任务 id（priority 大的在前），交给调用方（或调度器）逐个 run。 */
+  unfinished(): string[] {
+    return this.store.unfinished().filter((snapshot) => snapshot.state !== "paused").map((snapshot) => snapshot.taskId);
+  }
+
+  /** DAG 与规划-执行：TaskRuntime 不替它们跑步骤，所以由这里写迁移与每次调用的检查点。 */
+  async #runRecorded(
+    journal: TaskJournal,
+    task: RoutedTask,
+    executor: Executor,
+    options: { signal?: AbortSignal; onStep?(step: ExecutionStep): void },
+  ): Promise<TaskSnapshot> {
+    await journal.settled();
+    const state = journal.current.state;
+    if (state === "pending" || state === "paused") {
+      if (options.signal?.aborted) return journal.current;
+      await journal.update(async (snapshot) => {
+        const moved = transition(snapshot, "running", state === "pending" ? "started" : "resumed", { executor: executor.name, kind: executor.kind }, this.#clock());
+        return this.commitBatch("transition", moved.snapshot, [moved.event]);
+      });
+    }
+    let outcome: ExecutionOutcome;
+    try {
+      outcome = await executor.execute(task, { ...options, tracker: journal.tracker });
+    } catch (error) {
+      outcome = {
+        status: "failed",
+        output: "",
+        modelCalls: journal.tracker.modelCalls(),
+        tokens: journal.tracker.tokens(),
+        error: error instanceof Error ? error.message : String(error),
+      };
+    }
+    await journal.update(async (snapshot) => {
+      const at = this.#clock();
+      const recorded = checkpoint(snapshot, (context) => {
+        context.outcome = outcome.status === "completed" ? outcome.output : (outcome.error ?? outcome.status);
+        if (outcome.details !== undefined) {
+          const record = { ...orchestrationOf(snapshot)!, details: (jsonCopy(outcome.details) ?? null) as JsonValue };
+          context.extensions = { ...(context.extensions ?? {}), [ORCHESTRATION_KEY]: record as unknown as JsonValue };
+        }
+      }, at);
+      // 取消不是失败：和 ReAct 路线一样停在 paused，之后可以再 run（DAG 与计划从头再跑一遍）。
+      const to = outcome.status === "completed" ? "completed" : outcome.status === "failed" ? "failed" : "paused";
+      const payload: JsonValue = { executor: executor.name, modelCalls: outcome.modelCalls };
+      const moved = transition(recorded, to, to, payload, at);
+      // 检查点与迁移在同一批：和 TaskRuntime 一样，版本只加一。
+      return this.commitBatch("transition", { ...moved.snapshot, version: snapshot.version + 1 }, [moved.event]);
+    });
+    return journal.current;
+  }
+
+  async #gate(call: ToolCall, snapshot: TaskSnapshot): Promise<{ allow: true } | { allow: false; message: string }> {
+    for (const hook of this.#hooks) {
+      if (hook.gateTool === undefined) continue;
+      const decision = await hook.gateTool(call, structuredClone(snapshot));
+      if (!decision.allow) return decision;
+    }
+    return { allow: true };
+  }
+
+  /** 提交一个批次，然后像 TaskRuntime 一样把它报告给每个钩子的 onEvent。 */
+  readonly commitBatch = async (
+    reason: "model" | "tool" | "transition",
+    snapshot: TaskSnapshot,
+    events: TaskEvent[],
+    step?: TaskStep,
+  ): Promise<TaskSnapshot> => {
+    const seq = await this.store.commit({ snapshot, events });
+    const record: TaskRuntimeEvent = {
+      kind: "commit",
+      reason,
+      taskId: snapshot.taskId,
+      seq,
+      version: snapshot.version,
+      state: snapshot.state,
+      at: snapshot.checkpointAt,
+      events: structuredClone(events),
+    };
+    if (step !== undefined) record.step = structuredClone(step);
+    for (const hook of this.#hooks) {
+      try {
+        hook.onEvent?.(record);
+      } catch {
+        // 观察者的错误属于观察者自己。
+      }
+    }
+    return snapshot;
+  };
+
+  #require(taskId: string): TaskSnapshot {
+    const snapshot = this.store.latest(taskId);
+    if (snapshot === undefined) throw new Error(`未知任务 ${taskId}`);
+    return snapshot;
   }
 }
