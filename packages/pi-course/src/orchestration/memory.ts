@@ -8,6 +8,7 @@
 
 import { open, readFile } from "node:fs/promises";
 import type { JsonValue } from "../session.js";
+import type { TaskHooks } from "../task-runtime/task-runner.js";
 import { textOf, type AgentMessage, type SystemMessage, type ToolResultMessage } from "../types.js";
 
 // ---------------------------------------------------------------------------
@@ -89,6 +90,47 @@ export class WorkingMemory {
   section(timestamp = 0): SystemMessage {
     return { role: "system", content: "", sections: { [WORKING_MEMORY_SECTION]: this.render() }, timestamp };
   }
+}
+
+/** 从一次成功的工具结果里抽出笔记（键 → 值）；不认识的结果返回空数组。规则写在宿主这边，不靠模型自觉。 */
+export type NoteExtractor = (result: ToolResultMessage) => Array<{ key: string; value: JsonValue }>;
+
+/**
+ * 从任务的完整对话（快照里的 context.messages，从不被窗口裁剪）推导工作记忆：
+ * 每条成功的 toolResult 交给它那个工具的抽取规则，来源记为 toolCallId。失败的结果不产生笔记。
+ */
+export function workingMemoryOf(
+  messages: readonly AgentMessage[],
+  extractors: Readonly<Record<string, NoteExtractor>>,
+  base?: WorkingMemory,
+): WorkingMemory {
+  const memory = WorkingMemory.from(base === undefined ? undefined : base.saveTo(undefined));
+  for (const message of messages) {
+    if (message.role !== "toolResult" || message.isError || !Object.hasOwn(extractors, message.toolName)) continue;
+    for (const note of extractors[message.toolName]!(structuredClone(message))) memory.note(note.key, note.value, message.toolCallId);
+  }
+  return memory;
+}
+
+/**
+ * 挂进第 21 章运行时的工作记忆钩子（prepareRequest）：每次请求之前，从快照里的完整对话推导笔记，
+ * 把工作记忆段作为一条 system 补丁放在开头的 system 消息之后。
+ * 要放在第 22 章的预算钩子之前：预算钩子裁窗口时 system 消息永远保留，所以旧的工具结果被裁掉，笔记还在。
+ * 快照的 extensions.workingMemory 里已有的笔记（例如规划-执行写下的）也一起带上。
+ */
+export function createWorkingMemoryHooks(options: { extractors: Readonly<Record<string, NoteExtractor>> }): TaskHooks {
+  return {
+    prepareRequest(request, snapshot) {
+      const stored = WorkingMemory.from(snapshot.context.extensions);
+      const memory = workingMemoryOf(snapshot.context.messages, options.extractors, stored);
+      if (memory.size === 0) return request;
+      const messages = [...request.messages];
+      let at = 0;
+      while (at < messages.length && messages[at]!.role === "system") at += 1;
+      messages.splice(at, 0, memory.section(snapshot.checkpointAt));
+      return { ...request, messages };
+    },
+  };
 }
 
 // ---------------------------------------------------------------------------
