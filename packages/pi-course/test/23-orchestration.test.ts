@@ -9,8 +9,10 @@ import path from "node:path";
 import test from "node:test";
 
 import { DagExecutor, InvalidDag, modelNode, runDag, toolNode, validateDag, type DagNode } from "../src/orchestration/dag-executor.js";
+import { OUTPUT_RESERVE, fitWindow } from "../src/guardrails/budget.js";
 import {
   LongTermMemory,
+  createWorkingMemoryHooks,
   WORKING_MEMORY_KEY,
   WORKING_MEMORY_SECTION,
   WorkingMemory,
@@ -29,7 +31,7 @@ import {
 } from "../src/orchestration/router.js";
 import type { TaskSnapshot } from "../src/task-runtime/task-state.js";
 import { TaskStore } from "../src/task-runtime/task-store.js";
-import { TaskRuntime, type TaskToolContext } from "../src/task-runtime/task-runner.js";
+import { TaskRuntime, type TaskHooks, type TaskToolContext } from "../src/task-runtime/task-runner.js";
 import { ScriptedModel } from "../src/scripted-model.js";
 import type { JsonValue } from "../src/session.js";
 import { objectSchema, stringValue, ToolRegistry, type Tool } from "../src/tool.js";
@@ -511,19 +513,94 @@ test("Lab 23.2 · 长期记忆的写入审核：没有证据、证据里找不�
   }
 });
 
-// 工作记忆：从 extensions 读回、写回。窗口与快照的部分在第 21、22 章的接口到位之后补上。
-test("Lab 23.2 · 工作记忆写在任务快照里：窗口裁掉旧消息之后，笔记仍然随每次请求到达模型，恢复之后也还在", HANG_GUARD, async () => {
-  const memory = new WorkingMemory();
-  memory.note("orders", ["ORD-7", "ORD-8"], "s1");
-  memory.note("city", "杭州", "s2");
-  memory.note("orders", ["ORD-7"], "s3");
-  const saved = memory.saveTo({ other: 1 });
-  assert.deepEqual(saved.other, 1);
-  const restored = WorkingMemory.from(structuredClone(saved));
-  assert.deepEqual(restored.entries(), [
+test("Lab 23.2 · 工作记忆：窗口裁掉旧的工具结果之后，抽出的笔记仍然随每次请求到达模型；任务暂停、换一个进程继续之后笔记也还在", HANG_GUARD, async () => {
+  // 笔记的往返：写回 extensions、读回来，同一个键再写一次是更新。
+  const manual = new WorkingMemory();
+  manual.note("orders", ["ORD-7", "ORD-8"], "s1");
+  manual.note("city", "杭州", "s2");
+  manual.note("orders", ["ORD-7"], "s3");
+  const saved = manual.saveTo({ other: 1 });
+  assert.equal(saved.other, 1);
+  assert.deepEqual(WorkingMemory.from(structuredClone(saved)).entries(), [
     { key: "orders", value: ["ORD-7"], source: "s3" },
     { key: "city", value: "杭州", source: "s2" },
   ]);
   assert.ok(Array.isArray(saved[WORKING_MEMORY_KEY]));
-  void (null as unknown as AgentMessage);
+
+  const dir = await mkdtemp(path.join(tmpdir(), "pi-course-23-working-"));
+  try {
+    const file = path.join(dir, "tasks.log");
+    const padding = "。".repeat(1_500);
+    const controller = new AbortController();
+    const tools = new ToolRegistry([
+      {
+        name: "query_order",
+        description: "查订单",
+        schema: objectSchema({}),
+        async execute() {
+          return { content: [text(`订单 ORD-7：已发货，运单号 SF100${padding}`)] };
+        },
+      },
+      {
+        name: "query_logistics",
+        description: "查物流",
+        schema: objectSchema({}),
+        async execute() {
+          return { content: [text(`运单 SF100：杭州转运中心${padding}`)] };
+        },
+      },
+      {
+        name: "query_tickets",
+        description: "查工单",
+        schema: objectSchema({}),
+        async execute() {
+          controller.abort(); // 这一步之后任务暂停，像进程要退出一样
+          return { content: [text(`订单 ORD-7：没有未结工单${padding}`)] };
+        },
+      },
+    ]);
+    // 抽取规则写在宿主这边：每个工具的结果里哪一句值得记住。
+    const extractors = {
+      query_order: (result: ToolResultMessage) => [{ key: "order", value: /订单 ORD-7：[^，]+/.exec(textOf(result))![0] }],
+      query_logistics: (result: ToolResultMessage) => [{ key: "logistics", value: /运单 SF100：[^。]+/.exec(textOf(result))![0] }],
+      query_tickets: (result: ToolResultMessage) => [{ key: "tickets", value: "没有未结工单" }],
+    };
+    // 短期记忆 = 第 22 章的窗口：输入不超过窗口的 80 %，从最早的回合整轮丢弃，system 消息永远保留。
+    const window: TaskHooks = {
+      prepareRequest: (request) => ({ ...request, messages: fitWindow(request.messages, Math.floor(1_000 * (1 - OUTPUT_RESERVE))).messages }),
+    };
+    const hooks = () => [createWorkingMemoryHooks({ extractors }), window];
+    const first = new ScriptedModel([
+      callReply("c1", "query_order", {}),
+      callReply("c2", "query_logistics", {}),
+      callReply("c3", "query_tickets", {}),
+    ]);
+    const store = await TaskStore.open(file);
+    const runtime = new TaskRuntime({ store, model: first, tools, hooks: hooks(), clock: () => 5 });
+    await runtime.submit({ id: "w1", input: "ORD-7 现在怎么样了？" });
+    const paused = await runtime.run("w1", { signal: controller.signal });
+    assert.equal(paused.state, "paused");
+    // 第三次请求：最早的那一轮（订单结果）已经被窗口裁掉，订单的笔记还在。
+    const third = first.requests[2]!.messages;
+    assert.ok(!third.some((message) => message.role === "toolResult" && message.toolCallId === "c1"), "窗口应该裁掉最早的工具结果");
+    assert.match(currentSystemMessage(third)?.sections?.[WORKING_MEMORY_SECTION] ?? "", /order（来自 c1）："订单 ORD-7：已发货"/);
+    assert.ok(paused.context.messages.some((message) => message.role === "toolResult" && message.toolCallId === "c1"), "快照里的对话是完整的");
+    await store.close();
+
+    // 换一个进程：重新打开日志，新的运行时接着跑；三条笔记都在，原始结果只剩窗口装得下的那些。
+    const reopened = await TaskStore.open(file);
+    const second = new ScriptedModel([reply("ORD-7 已发货，在杭州转运中心，没有未结工单。")]);
+    const resumed = await new TaskRuntime({ store: reopened, model: second, tools, hooks: hooks(), clock: () => 6 }).run("w1");
+    assert.equal(resumed.state, "completed");
+    const notes = currentSystemMessage(second.requests[0]!.messages)?.sections?.[WORKING_MEMORY_SECTION] ?? "";
+    assert.match(notes, /order（来自 c1）/);
+    assert.match(notes, /logistics（来自 c2）："运单 SF100：杭州转运中心"/);
+    assert.match(notes, /tickets（来自 c3）/);
+    const kept = second.requests[0]!.messages.filter((message) => message.role === "toolResult").map((message) => (message as ToolResultMessage).toolCallId);
+    assert.ok(!kept.includes("c1") && kept.includes("c3"), `窗口里只该有最近的结果：${kept.join(",")}`);
+    assert.ok(!resumed.context.messages.some((message) => message.role === "system"), "工作记忆段只在请求里，不写进对话");
+    await reopened.close();
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
 });
