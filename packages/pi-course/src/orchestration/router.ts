@@ -413,6 +413,8 @@ export class Orchestrator {
   readonly #runtime: TaskRuntime;
   readonly #clock: () => number;
   readonly #hooks: readonly TaskHooks[];
+  /** 正在 run 的任务：和 TaskRuntime 一样，同一个任务同一时刻只能有一个 run。 */
+  readonly #active = new Set<string>();
 
   constructor(options: OrchestratorOptions) {
     for (const name of options.router.routeNames()) {
@@ -440,6 +442,16 @@ export class Orchestrator {
    * 决定写进快照的 extensions。恢复或继续的任务读回那个决定，不再问模型。
    */
   async run(taskId: string, options: { signal?: AbortSignal; onStep?(step: ExecutionStep): void } = {}): Promise<TaskSnapshot> {
+    if (this.#active.has(taskId)) throw new Error(`任务 ${taskId} 已经在运行`);
+    this.#active.add(taskId);
+    try {
+      return await this.#run(taskId, options);
+    } finally {
+      this.#active.delete(taskId);
+    }
+  }
+
+  async #run(taskId: string, options: { signal?: AbortSignal; onStep?(step: ExecutionStep): void }): Promise<TaskSnapshot> {
     const start = this.#require(taskId);
     if (isTerminal(start.state)) return start;
     const task: RoutedTask = { taskId, input: start.context.input, ...(start.context.type === undefined ? {} : { type: start.context.type }) };
@@ -447,6 +459,11 @@ export class Orchestrator {
     let decision = orchestrationOf(start)?.route;
     if (decision === undefined) {
       const decided = await this.#router.route(task, { ...(options.signal ? { signal: options.signal } : {}), tracker: journal.tracker });
+      // 取消时路由模型的失败不算数：不把“默认路线”写成这个任务的决定，下次 run 重新路由。
+      if (options.signal?.aborted) {
+        await journal.settled();
+        return journal.current;
+      }
       decision = decided;
       await journal.update(async (snapshot) => {
         const routed = checkpoint(snapshot, (context) => {
