@@ -101,6 +101,21 @@ export interface CallRecord {
   step: number;
   node: string;
   startedAt: number;
+  /** 模型调用：回复来自哪个模型、输入 / 输出各多少 token。 */
+  model?: string;
+  usage?: { input: number; output: number };
+  /** 失败的原因（模型的 errorMessage，或工具失败结果的正文）。 */
+  error?: string;
+  /** 发出去的内容与拿回来的内容的开头（最多 PREVIEW_CHARS 个字符）；观测层自己再做脱敏与摘要。 */
+  input?: string;
+  output?: string;
+}
+
+/** CallRecord 里 input / output 预览的上限。 */
+export const PREVIEW_CHARS = 500;
+
+function cut(value: string): string {
+  return value.length <= PREVIEW_CHARS ? value : `${value.slice(0, PREVIEW_CHARS - 1)}…`;
 }
 
 // >>> 已给出：每次调用的计数与记录（tracker），DAG 与计划的每次调用都经过它
@@ -130,9 +145,20 @@ function trackerOver(sink: TrackerSink): CallTracker {
             tokens += message.usage.totalTokens;
             const at = sink.clock();
             const toolCallIds = message.content.flatMap((block) => (block.type === "toolCall" ? [block.id] : []));
+            const last = context.messages.at(-1);
+            const call: CallRecord = {
+              step,
+              node,
+              startedAt,
+              model: message.model,
+              usage: { input: message.usage.input, output: message.usage.output },
+              input: cut(last === undefined ? "" : textOf(last)),
+              output: cut(textOf(message)),
+            };
+            if (message.stopReason === "error" || message.stopReason === "aborted") call.error = message.errorMessage ?? message.stopReason;
             await sink.record(
               { stepId: step, type: "model_call", at, stopReason: message.stopReason, tokens: message.usage.totalTokens, toolCallIds },
-              { step, node, startedAt },
+              call,
             );
             return message;
           });
@@ -170,7 +196,14 @@ function trackerOver(sink: TrackerSink): CallTracker {
           isError: result.isError,
           result: body.length <= 200 ? body : `${body.slice(0, 199)}…`,
         },
-        { step, node, startedAt },
+        {
+          step,
+          node,
+          startedAt,
+          input: cut(JSON.stringify(call.arguments) ?? ""),
+          output: cut(body),
+          ...(result.isError ? { error: cut(body) } : {}),
+        },
         result,
       );
       return result;
