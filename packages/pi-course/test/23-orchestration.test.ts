@@ -9,7 +9,7 @@ import path from "node:path";
 import test from "node:test";
 
 import { DagExecutor, InvalidDag, modelNode, runDag, toolNode, validateDag, type DagNode } from "../src/orchestration/dag-executor.js";
-import { OUTPUT_RESERVE, fitWindow } from "../src/guardrails/budget.js";
+import { createBudgetHooks } from "../src/guardrails/budget.js";
 import {
   LongTermMemory,
   createWorkingMemoryHooks,
@@ -31,7 +31,7 @@ import {
 } from "../src/orchestration/router.js";
 import type { TaskSnapshot } from "../src/task-runtime/task-state.js";
 import { TaskStore } from "../src/task-runtime/task-store.js";
-import { TaskRuntime, type TaskHooks, type TaskToolContext } from "../src/task-runtime/task-runner.js";
+import { TaskRuntime, type TaskToolContext } from "../src/task-runtime/task-runner.js";
 import { ScriptedModel } from "../src/scripted-model.js";
 import type { JsonValue } from "../src/session.js";
 import { objectSchema, stringValue, ToolRegistry, type Tool } from "../src/tool.js";
@@ -566,10 +566,8 @@ test("Lab 23.2 · 工作记忆：窗口裁掉旧的工具结果之后，抽出�
       query_tickets: (result: ToolResultMessage) => [{ key: "tickets", value: "没有未结工单" }],
     };
     // 短期记忆 = 第 22 章的窗口：输入不超过窗口的 80 %，从最早的回合整轮丢弃，system 消息永远保留。
-    const window: TaskHooks = {
-      prepareRequest: (request) => ({ ...request, messages: fitWindow(request.messages, Math.floor(1_000 * (1 - OUTPUT_RESERVE))).messages }),
-    };
-    const hooks = () => [createWorkingMemoryHooks({ extractors }), window];
+    // 工作记忆钩子排在它前面，所以它裁窗口时笔记已经是一条 system 消息。
+    const hooks = () => [createWorkingMemoryHooks({ extractors }), createBudgetHooks({ windowTokens: 1_000 })];
     const first = new ScriptedModel([
       callReply("c1", "query_order", {}),
       callReply("c2", "query_logistics", {}),
