@@ -200,6 +200,25 @@ test("Lab 23.1 · DAG：依赖都完成的节点同时启动；一个节点失�
   assert.ok(!started.includes("summary") && !started.includes("notify"), "被阻塞的节点一次都不运行");
   assert.equal(ends.length, 6, "每个节点恰好结束一次");
 
+  // 取消：正在跑的节点自己收到 signal；之后不再启动新节点，没开始的记为 cancelled。
+  const controller = new AbortController();
+  let sawSignal = false;
+  const cancelled = await runDag(
+    [
+      node("first", [], (context) => {
+        controller.abort();
+        sawSignal = context.signal?.aborted === true;
+        return "done";
+      }),
+      node("second", ["first"], () => "never"),
+    ],
+    task,
+    { signal: controller.signal },
+  );
+  assert.equal(sawSignal, true);
+  assert.equal(cancelled.status, "cancelled");
+  assert.deepEqual(cancelled.nodes.map((report) => report.status), ["completed", "cancelled"]);
+
   // 图在运行之前检查。
   const plain = (id: string, dependsOn: string[] = []): DagNode => ({ id, dependsOn, run: () => id });
   assert.throws(() => validateDag([plain("a"), plain("a")]), (error: unknown) => error instanceof InvalidDag && /重名：a/.test(error.message));
