@@ -482,6 +482,11 @@ export class Orchestrator {
   throw new Error("Lab 23.1 Orchestrator.run 尚未实现");
 }
 
+  /** pending 或 paused 的任务可以取消（一次迁移，与路线无关）。和 run 一起，Orchestrator 就是调度器要的 runner。 */
+  cancel(taskId: string, reason?: string): Promise<TaskSnapshot> {
+    return this.#runtime.cancel(taskId, reason);
+  }
+
   /** 日志里没结束、也不是 paused 的任务 id（priority 大的在前），交给调用方（或调度器）逐个 run。 */
   unfinished(): string[] {
     return this.store.unfinished().filter((snapshot) => snapshot.state !== "paused").map((snapshot) => snapshot.taskId);

@@ -516,6 +516,11 @@ export class Orchestrator {
     return this.#runRecorded(journal, task, executor, options);
   }
 
+  /** pending 或 paused 的任务可以取消（一次迁移，与路线无关）。和 run 一起，Orchestrator 就是调度器要的 runner。 */
+  cancel(taskId: string, reason?: string): Promise<TaskSnapshot> {
+    return this.#runtime.cancel(taskId, reason);
+  }
+
   /** 日志里没结束、也不是 paused 的任务 id（priority 大的在前），交给调用方（或调度器）逐个 run。 */
   unfinished(): string[] {
     return this.store.unfinished().filter((snapshot) => snapshot.state !== "paused").map((snapshot) => snapshot.taskId);
