@@ -464,6 +464,21 @@ test("Lab 23.2 · 修订：失败的步骤之后模型改写剩下的计划，�
   assert.equal(again.requests.length, 2);
   assert.deepEqual(log, ["read_sales(2026-13)", "read_sales(2026-14)"]);
 
+  // 计划自己把一步标成 review：成功之后也给模型一次修订机会；{"keep":true} 就照原计划继续。
+  const reviewed = JSON.stringify({
+    goal: "看完 10 月再决定要不要看 11 月",
+    steps: [
+      { id: "s1", tool: "read_sales", arguments: { month: "2026-10" }, review: true },
+      { id: "s2", tool: "read_costs", arguments: { month: "2026-10" } },
+    ],
+  });
+  const keepModel = new ScriptedModel([reply(reviewed), reply('{"keep":true}'), reply("10 月毛利 20 万")]);
+  const keepLog: string[] = [];
+  const keptPlan = await new PlanExecuteExecutor({ name: "report", model: keepModel, tools: salesTools(keepLog) }).execute({ taskId: "p6", input: "x" });
+  assert.equal(keptPlan.status, "completed");
+  assert.equal(keptPlan.modelCalls, 3);
+  assert.deepEqual(keepLog, ["read_sales(2026-10)", "read_costs(2026-10)"]);
+
   // 修订不能复用已完成步骤的 id；{"keep":true} 在失败之后就是放弃。
   const reuse = new ScriptedModel([reply(wrongMonth), reply(JSON.stringify({ steps: [{ id: "s1", tool: "read_costs", arguments: { month: "2026-11" } }] }))]);
   const reused = await new PlanExecuteExecutor({ name: "report", model: reuse, tools: salesTools([]) }).execute({ taskId: "p4", input: "x" });
