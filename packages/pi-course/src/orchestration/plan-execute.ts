@@ -169,7 +169,8 @@ export class PlanExecuteExecutor implements Executor {
       plan = parsePlan(await ask(this.#planningMessages(task), "plan"), tools);
     } catch (error) {
       if (error instanceof ModelFailure) return finish(error.aborted ? "cancelled" : "failed", "", error.message);
-      return finish("failed", "", `计划无效：${(error as Error).message}`);
+      if (error instanceof InvalidPlan) return finish("failed", "", `计划无效：${error.message}`);
+      throw error; // 别的错误（例如日志写不进去）不是计划的问题，原样交给调用方
     }
     memory.note("goal", plan.goal, "plan");
     options.onStep?.({ kind: "plan", goal: plan.goal, steps: plan.steps.map((step) => step.id) });
@@ -199,7 +200,8 @@ export class PlanExecuteExecutor implements Executor {
         replacement = parseRevision(await ask(this.#revisionMessages(plan, records, remaining, memory), "revise"), tools, done);
       } catch (error) {
         if (error instanceof ModelFailure) return finish(error.aborted ? "cancelled" : "failed", "", error.message, plan);
-        return finish("failed", "", `计划修订无效：${(error as Error).message}`, plan);
+        if (error instanceof InvalidPlan) return finish("failed", "", `计划修订无效：${error.message}`, plan);
+        throw error;
       }
       if (replacement === undefined) {
         options.onStep?.({ kind: "plan_revision", kept: true, after: step.id });
@@ -216,8 +218,8 @@ export class PlanExecuteExecutor implements Executor {
       const answer = await ask(this.#answerMessages(task, memory), "answer");
       return finish("completed", answer, undefined, plan);
     } catch (error) {
-      const failure = error as ModelFailure;
-      return finish(failure.aborted ? "cancelled" : "failed", "", failure.message, plan);
+      if (!(error instanceof ModelFailure)) throw error;
+      return finish(error.aborted ? "cancelled" : "failed", "", error.message, plan);
     }
   }
 
