@@ -125,8 +125,38 @@ interface TrackerSink {
   /** 一次调用结束：写下步骤。 */
   record(step: TaskStep, call: CallRecord, result?: ToolResultMessage): Promise<void>;
   gate?(call: ToolCall): Promise<{ allow: true } | { allow: false; message: string }>;
+  /** 单个工具调用最多等多久（毫秒），与 TaskRuntime 的 toolTimeoutMs 同义；省略表示不限。 */
+  toolTimeoutMs?: number;
   taskId: string;
   clock(): number;
+}
+
+/** 带超时地执行一次工具调用：到点取消这次调用自己的 signal，结果是一条超时的失败（与 TaskRuntime 相同）。 */
+async function executeWithin(
+  call: ToolCall,
+  tools: ToolRegistry,
+  context: Omit<TaskToolContext, "callId">,
+  limit: number | undefined,
+): Promise<ToolResultMessage> {
+  if (limit === undefined) return executeToolCall(call, tools, context, "script");
+  const controller = new AbortController();
+  const outer = context.signal;
+  const relay = (): void => controller.abort(outer?.reason);
+  if (outer?.aborted) controller.abort(outer.reason);
+  else outer?.addEventListener("abort", relay, { once: true });
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const expired = new Promise<"timeout">((resolve) => {
+    timer = setTimeout(() => resolve("timeout"), limit);
+  });
+  try {
+    const first = await Promise.race([executeToolCall(call, tools, { ...context, signal: controller.signal }, "script"), expired]);
+    if (first !== "timeout") return first;
+    controller.abort(new Error("tool timeout"));
+    return failedResult(call, new Error(`执行超过 ${limit} 毫秒，已经取消`));
+  } finally {
+    clearTimeout(timer);
+    outer?.removeEventListener("abort", relay);
+  }
 }
 
 function trackerOver(sink: TrackerSink): CallTracker {
@@ -181,7 +211,7 @@ function trackerOver(sink: TrackerSink): CallTracker {
         const context: Omit<TaskToolContext, "callId"> = { taskId: sink.taskId, step, idempotencyKey: key };
         if (signal !== undefined) context.signal = signal;
         // 宿主（DAG）或计划发起的调用：以 script 身份经过第 06/15 章的同一个执行器。
-        result = await executeToolCall(call, tools, context, "script");
+        result = await executeWithin(call, tools, context, sink.toolTimeoutMs);
       }
       const at = sink.clock();
       const body = textOf(result);
@@ -366,6 +396,8 @@ export interface OrchestratorOptions {
    * onEvent 收到这些任务的每次提交，与 TaskRuntime 报告的形状相同。
    */
   hooks?: TaskHooks | readonly TaskHooks[];
+  /** DAG 与规划-执行里单个工具调用的超时（毫秒）；通常与 TaskRuntime 的 toolTimeoutMs 相同（第 22 章的 TOOL_TIMEOUT_MS）。 */
+  toolTimeoutMs?: number;
 }
 
 // >>> 已给出：读快照里的路由记录，以及一个任务的日志写入口（串行提交链）
@@ -386,7 +418,13 @@ class TaskJournal {
   #chain: Promise<unknown> = Promise.resolve();
   readonly #commit: Orchestrator["commitBatch"];
 
-  constructor(start: TaskSnapshot, commit: Orchestrator["commitBatch"], clock: () => number, gate: TrackerSink["gate"]) {
+  constructor(
+    start: TaskSnapshot,
+    commit: Orchestrator["commitBatch"],
+    clock: () => number,
+    gate: TrackerSink["gate"],
+    toolTimeoutMs: number | undefined,
+  ) {
     this.current = start;
     this.#commit = commit;
     this.#next = start.context.currentStep;
@@ -410,6 +448,7 @@ class TaskJournal {
         }),
     };
     if (gate !== undefined) sink.gate = gate;
+    if (toolTimeoutMs !== undefined) sink.toolTimeoutMs = toolTimeoutMs;
     this.tracker = trackerOver(sink);
   }
 
@@ -435,6 +474,7 @@ export class Orchestrator {
   readonly #runtime: TaskRuntime;
   readonly #clock: () => number;
   readonly #hooks: readonly TaskHooks[];
+  readonly #toolTimeoutMs: number | undefined;
   /** 正在 run 的任务：和 TaskRuntime 一样，同一个任务同一时刻只能有一个 run。 */
   readonly #active = new Set<string>();
 
@@ -448,6 +488,7 @@ export class Orchestrator {
     this.#clock = options.clock ?? Date.now;
     const hooks = options.hooks ?? [];
     this.#hooks = Array.isArray(hooks) ? [...hooks] : [hooks as TaskHooks];
+    this.#toolTimeoutMs = options.toolTimeoutMs;
   }
 
   get store(): TaskStore {

@@ -34,7 +34,7 @@ import { TaskStore } from "../src/task-runtime/task-store.js";
 import { TaskRuntime, type TaskToolContext } from "../src/task-runtime/task-runner.js";
 import { ScriptedModel } from "../src/scripted-model.js";
 import type { JsonValue } from "../src/session.js";
-import { objectSchema, stringValue, ToolRegistry, type Tool } from "../src/tool.js";
+import { objectSchema, stringValue, ToolRegistry, type Tool, type ToolOutput } from "../src/tool.js";
 import { assistantMessage, currentSystemMessage, text, textOf, type AgentMessage, type ToolResultMessage } from "../src/types.js";
 
 // ---------------------------------------------------------------------------
@@ -330,6 +330,41 @@ test("Lab 23.1 · 同一个查询：DAG 路径只调用一次模型，ReAct 循�
     assert.equal(guessedRecord.route?.by, "model");
     assert.equal(guessedRecord.calls[0]!.node, "route");
     assert.equal(guessed.context.tokensUsed, 16);
+
+    // DAG 里的工具调用同样有超时（与 TaskRuntime 的 toolTimeoutMs 同义）：挂住的工具收到取消，节点失败，依赖它的节点不运行。
+    let hungSawAbort = false;
+    const hang: Tool<Record<string, never>> = {
+      name: "hang",
+      description: "永远不返回，直到被取消",
+      schema: objectSchema({}),
+      execute: (_parameters, context) =>
+        new Promise<ToolOutput>((resolve) => {
+          context.signal?.addEventListener("abort", () => {
+            hungSawAbort = true;
+            resolve({ content: [text("被取消")], isError: true });
+          });
+        }),
+    };
+    const slowTools = new ToolRegistry([hang]);
+    const slow = new Orchestrator({
+      router: new TaskRouter({ routes: { slow: { kind: "dag", description: "挂住的图" } }, rules: { slow: "slow" }, chooser, fallback: "slow" }),
+      runtime,
+      toolTimeoutMs: 5,
+      executors: {
+        slow: new DagExecutor({
+          name: "slow",
+          tools: slowTools,
+          output: "after",
+          nodes: [toolNode("stuck", { tool: "hang", arguments: () => ({}) }), modelNode("after", { dependsOn: ["stuck"], prompt: () => "不该发出" })],
+        }),
+      },
+    });
+    await slow.submit({ id: "slow", input: "x", type: "slow" });
+    const timedOut = await slow.run("slow");
+    assert.equal(timedOut.state, "failed");
+    assert.match(timedOut.context.outcome ?? "", /stuck: Tool hang failed: 执行超过 5 毫秒，已经取消/);
+    assert.equal(hungSawAbort, true, "超时会取消工具自己的 signal");
+    assert.equal(timedOut.context.steps.filter((step) => step.type === "model_call").length, 0);
 
     // 日志是耐久的：重新打开，看到的是同样的快照。
     await store.close();
