@@ -64,14 +64,14 @@ export function percentile(values: readonly number[], p: number): number | null 
 }
 
 /**
- * 默认的“需要人”判定：任务的事件里有一次迁到 paused 的事件不是由取消信号引起的（守护栏把它交给人），
- * 或者某条事件的 payload 带着 human: true（第 22 章给工具逻辑错误、写操作确认打的标记）。
+ * 默认的“需要人”判定：任务的事件里有一次 needs_human（第 22 章把工具逻辑错误交给人时迁到 paused 用的事件名），
+ * 或者某条事件的 payload 带着 human: true。
  */
 export function needsHuman(record: TaskRecord): boolean {
   return record.events.some((event) => {
+    if (event.event === "needs_human") return true;
     const payload = event.payload;
-    if (payload !== null && typeof payload === "object" && !Array.isArray(payload) && payload.human === true) return true;
-    return false;
+    return payload !== null && typeof payload === "object" && !Array.isArray(payload) && payload.human === true;
   });
 }
 

@@ -137,17 +137,50 @@ export function estimateCost(model: string, tokens: SpanTokens, prices: PriceTab
 type ModelStep = Extract<TaskStep, { type: "model_call" }>;
 type ToolStep = Extract<TaskStep, { type: "tool_call" }>;
 
-/** 后续章节或执行器可以在步骤上多写几个字段；读不到时退回推导。 */
+/**
+ * 步骤之外的补充信息：步骤本身可以多写几个字段，本章的编排器把每次调用属于哪个节点、何时开始写在
+ * `context.extensions.orchestration.calls` 里（`{ step, node, startedAt, … }`）。读不到的字段退回推导。
+ */
 interface StepExtras {
   startedAt?: number;
   usage?: SpanTokens;
   error?: string;
   model?: string;
-  group?: string;
+  /** 所属节点（DAG 节点、计划步骤）：有它的步骤收进一个 nested 节点。 */
+  node?: string;
+  input?: string;
+  output?: string;
 }
 
-function extras(step: TaskStep): StepExtras {
-  return step as TaskStep & StepExtras;
+function isRecord(value: unknown): value is Record<string, unknown> {
+  return typeof value === "object" && value !== null && !Array.isArray(value);
+}
+
+/** 只取类型对得上的字段：日志是外来数据，形状不对的字段当作没有。 */
+function pickExtras(value: unknown): StepExtras {
+  if (!isRecord(value)) return {};
+  const picked: StepExtras = {};
+  if (typeof value.startedAt === "number") picked.startedAt = value.startedAt;
+  if (isRecord(value.usage) && typeof value.usage.input === "number" && typeof value.usage.output === "number") {
+    picked.usage = { input: value.usage.input, output: value.usage.output };
+  }
+  for (const key of ["error", "model", "node", "input", "output"] as const) {
+    const item = value[key];
+    if (typeof item === "string") picked[key] = item;
+  }
+  return picked;
+}
+
+/** 每个步骤号的补充信息：先看编排器的调用记录，再让步骤自己写的字段覆盖它。 */
+function stepExtras(snapshot: TaskSnapshot): Map<number, StepExtras> {
+  const byStep = new Map<number, StepExtras>();
+  const orchestration = snapshot.context.extensions?.orchestration;
+  const calls = isRecord(orchestration) && Array.isArray(orchestration.calls) ? orchestration.calls : [];
+  for (const call of calls) {
+    if (isRecord(call) && typeof call.step === "number") byStep.set(call.step, pickExtras(call));
+  }
+  for (const step of snapshot.context.steps) byStep.set(step.stepId, { ...byStep.get(step.stepId), ...pickExtras(step) });
+  return byStep;
 }
 
 function failedReply(stopReason: string): boolean {
@@ -188,7 +221,10 @@ export function buildSpanTree(record: TaskRecord, options: SpanOptions = {}): Sp
   const prices = options.prices ?? DEFAULT_PRICES;
   const taskId = snapshot.taskId;
   const messages = snapshot.context.messages;
-  const steps = snapshot.context.steps;
+  // 并行的节点按完成的先后写日志，步骤号却是开始时领的：按步骤号排回调用的顺序。
+  const steps = [...snapshot.context.steps].sort((left, right) => left.stepId - right.stepId);
+  const more = stepExtras(snapshot);
+  const extras = (step: TaskStep): StepExtras => more.get(step.stepId) ?? {};
   const created = events.find((event) => event.event === "created") ?? events[0];
   const ended = events.find((event) => isTerminal(event.to));
   const lastModelStep = [...steps].reverse().find((step) => step.type === "model_call");
@@ -265,9 +301,11 @@ export function buildSpanTree(record: TaskRecord, options: SpanOptions = {}): Sp
         span.costUsd = spanCost;
         cost = (cost ?? 0) + spanCost;
       }
-      if (input !== undefined) span.inputDigest = digest(messageText(input), options);
+      const inputText = extras(step).input ?? (input === undefined ? undefined : messageText(input));
+      if (inputText !== undefined) span.inputDigest = digest(inputText, options);
       const errorText = extras(step).error ?? reply?.errorMessage;
       if (reply !== undefined) span.outputDigest = digest(messageText(reply), options);
+      else if (extras(step).output !== undefined) span.outputDigest = digest(extras(step).output!, options);
       else if (failed) span.outputDigest = digest(`错误: ${errorText ?? modelStep.stopReason}`, options);
       addTokens(total, tokens);
       if (failed && !kept) {
@@ -291,7 +329,8 @@ export function buildSpanTree(record: TaskRecord, options: SpanOptions = {}): Sp
         retries: 0,
         outputDigest: digest(result === undefined ? toolStep.result : messageText(result).replace(/^toolResult(\(错误\))?: /, ""), options),
       };
-      if (call !== undefined) span.inputDigest = digest(JSON.stringify(call.arguments) ?? "", options);
+      const argsText = call === undefined ? extras(step).input : JSON.stringify(call.arguments) ?? "";
+      if (argsText !== undefined) span.inputDigest = digest(argsText, options);
       children.push(span);
     }
     previousEnd = step.at;
@@ -299,7 +338,7 @@ export function buildSpanTree(record: TaskRecord, options: SpanOptions = {}): Sp
 
   root.tokens = total;
   if (cost !== undefined) root.costUsd = cost;
-  return [root, ...groupNested(taskId, steps, children)];
+  return [root, ...groupNested(taskId, steps.map((step) => extras(step).node), children)];
 }
 
 function findCall(messages: readonly AgentMessage[], callId: string): ToolCall | undefined {
@@ -310,12 +349,12 @@ function findCall(messages: readonly AgentMessage[], callId: string): ToolCall |
   return undefined;
 }
 
-/** 步骤上写了 group 的，收进一个 nested 节点（出现在组里第一个步骤的位置）；其余原样留在任务节点下。 */
-function groupNested(taskId: string, steps: readonly TaskStep[], children: Span[]): Span[] {
+/** 属于某个节点的步骤收进一个 nested 节点（出现在这个节点第一次调用的位置）；其余原样留在任务节点下。 */
+function groupNested(taskId: string, nodes: readonly (string | undefined)[], children: Span[]): Span[] {
   const groups = new Map<string, Span[]>();
   const order: (Span | string)[] = [];
   children.forEach((span, index) => {
-    const group = extras(steps[index]!).group;
+    const group = nodes[index];
     if (group === undefined) {
       order.push(span);
       return;
@@ -432,7 +471,10 @@ export async function readTaskLog(file: string): Promise<TaskRecord[]> {
 export function scriptFromLog(record: TaskRecord): ScriptedTurn[] {
   const turns: ScriptedTurn[] = [];
   const replies = record.snapshot.context.messages.filter((message): message is AssistantMessage => message.role === "assistant");
-  const modelSteps = record.snapshot.context.steps.filter((step): step is ModelStep => step.type === "model_call");
+  const modelSteps = [...record.snapshot.context.steps]
+    .sort((left, right) => left.stepId - right.stepId)
+    .filter((step): step is ModelStep => step.type === "model_call");
+  const more = stepExtras(record.snapshot);
   let next = 0;
   modelSteps.forEach((step, index) => {
     const failed = failedReply(step.stopReason);
@@ -445,7 +487,7 @@ export function scriptFromLog(record: TaskRecord): ScriptedTurn[] {
     }
     turns.push({
       stopReason: step.stopReason === "aborted" ? "aborted" : "error",
-      errorMessage: extras(step).error ?? `重放：记录里的第 ${step.stepId} 步以 ${step.stopReason} 结束`,
+      errorMessage: more.get(step.stepId)?.error ?? `重放：记录里的第 ${step.stepId} 步以 ${step.stopReason} 结束`,
     });
   });
   return turns;
