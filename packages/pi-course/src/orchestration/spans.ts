@@ -187,6 +187,15 @@ function failedReply(stopReason: string): boolean {
   return stopReason === "error" || stopReason === "aborted";
 }
 
+/**
+ * messages[index] 是不是一次模型调用的回复。第 22 章的格式错误回填会把模型上一次的原样输出写成一条 assistant、
+ * 紧跟一条 user 说明错在哪里：那条 assistant 是回放给模型看的上下文，不是新的回复。真正的回复后面只会是
+ * 工具结果、system 补丁，或者什么都没有。
+ */
+function isModelReply(messages: readonly AgentMessage[], index: number): boolean {
+  return messages[index]?.role === "assistant" && messages[index + 1]?.role !== "user";
+}
+
 /** 给摘要用的一条消息的文字：角色开头，工具调用写成 名字(参数)。 */
 export function messageText(message: AgentMessage): string {
   if (message.role === "system") return `system: ${message.content}`;
@@ -258,10 +267,11 @@ export function buildSpanTree(record: TaskRecord, options: SpanOptions = {}): Sp
     return start;
   };
 
-  /** 截至 messages[until) 为止，最后一条不是 assistant 的消息：模型这一次回应的是它。 */
+  /** 截至 messages[until) 为止，最后一条 user 或工具结果：模型这一次回应的是它（system 补丁与回填的旧输出不算）。 */
   const lastInputBefore = (until: number): AgentMessage | undefined => {
     for (let index = Math.min(until, messages.length) - 1; index >= 0; index -= 1) {
-      if (messages[index]!.role !== "assistant") return messages[index];
+      const role = messages[index]!.role;
+      if (role === "user" || role === "toolResult") return messages[index];
     }
     return undefined;
   };
@@ -276,7 +286,7 @@ export function buildSpanTree(record: TaskRecord, options: SpanOptions = {}): Sp
       // 这一次调用看见的对话：到下一条 assistant 回复为止（没有就是整段对话）。
       let viewEnd = messages.length;
       for (let index = cursor; index < messages.length; index += 1) {
-        if (messages[index]!.role === "assistant") {
+        if (isModelReply(messages, index)) {
           viewEnd = index;
           break;
         }
@@ -470,7 +480,8 @@ export async function readTaskLog(file: string): Promise<TaskRecord[]> {
  */
 export function scriptFromLog(record: TaskRecord): ScriptedTurn[] {
   const turns: ScriptedTurn[] = [];
-  const replies = record.snapshot.context.messages.filter((message): message is AssistantMessage => message.role === "assistant");
+  const messages = record.snapshot.context.messages;
+  const replies = messages.filter((message, index): message is AssistantMessage => isModelReply(messages, index));
   const modelSteps = [...record.snapshot.context.steps]
     .sort((left, right) => left.stepId - right.stepId)
     .filter((step): step is ModelStep => step.type === "model_call");
