@@ -18,6 +18,7 @@ import {
   DEFAULT_PRICES,
   buildSpanTree,
   digest,
+  estimateCost,
   formatSpanTree,
   readTaskLog,
   redactSecrets,
@@ -639,7 +640,7 @@ test("Lab 23.4 · 执行树：task → model / tool，带有界且脱敏的摘�
     const spans = buildSpanTree(record);
     assert.deepEqual(shape(spans), [
       "task:report:ok:1:-",
-      "model:model:error:0:r-1",
+      "model:scripted-v1:error:0:r-1",
       "model:scripted-v1:ok:1:r-1",
       "tool:fetch_sales:ok:0:r-1",
       "model:scripted-v1:ok:0:r-1",
@@ -652,7 +653,8 @@ test("Lab 23.4 · 执行树：task → model / tool，带有界且脱敏的摘�
     const price = DEFAULT_PRICES["scripted-v1"]!;
     assert.equal(first.costUsd, (400 * price.inputPerMillion + 60 * price.outputPerMillion) / 1_000_000);
     assert.equal(task.costUsd, first.costUsd! + last.costUsd!);
-    assert.equal(failed.costUsd, undefined, "价目表里没有的模型不估算");
+    assert.equal(failed.costUsd, 0, "失败的那次调用没有消耗 token");
+    assert.equal(estimateCost("unknown-model", { input: 10, output: 10 }), undefined, "价目表里没有的模型不估算");
     assert.match(failed.outputDigest ?? "", /429 rate limit/);
     assert.match(tool.inputDigest ?? "", /"region":"华东"/);
     for (const span of spans) {
@@ -724,7 +726,7 @@ test("Lab 23.4 · 重放：失败任务的日志写成 ScriptedModel 脚本与�
         "task:lookup:error:1:-",
         "model:scripted-v1:ok:0:z",
         "tool:lookup:ok:0:z",
-        "model:model:error:0:z",
+        "model:scripted-v1:error:0:z",
         "model:scripted-v1:error:1:z",
       ]);
     } finally {

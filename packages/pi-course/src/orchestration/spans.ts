@@ -105,9 +105,10 @@ export function redactSecrets(text: string, secrets: readonly string[] = []): st
     forms.add(encodeURIComponent(secret));
   }
   for (const form of [...forms].sort((a, b) => b.length - a.length)) clean = clean.split(form).join(REDACTED);
-  clean = clean.replace(/\bBearer\s+[^\s"'<>,;]+/gi, `Bearer ${REDACTED}`);
+  // 值在空白、引号、逗号分号、括号（含全角的）处结束：后面的正文原样保留。
+  clean = clean.replace(/\bBearer\s+[^\s"'<>,;()（）【】，；。]+/gi, `Bearer ${REDACTED}`);
   clean = clean.replace(
-    /(["']?\b[\w-]*(?:api[_-]?key|token|secret|password|passwd|credential|authorization)[\w-]*["']?\s*[:=]\s*)(["']?)(?!Bearer\s|\[redacted\])[^\s"',;}&]+\2/gi,
+    /(["']?\b[\w-]*(?:api[_-]?key|token|secret|password|passwd|credential|authorization)[\w-]*["']?\s*[:=]\s*)(["']?)(?!Bearer\s|\[redacted\])[^\s"',;}&()（）【】，；。]+\2/gi,
     (_match, head: string, quote: string) => `${head}${quote}${REDACTED}${quote}`,
   );
   clean = clean.replace(/\b(?:sk-[A-Za-z0-9_-]{16,}|gh[pousr]_[A-Za-z0-9]{20,}|AKIA[0-9A-Z]{16}|xox[abprs]-[A-Za-z0-9-]{10,})/g, REDACTED);
@@ -257,6 +258,7 @@ export function buildSpanTree(record: TaskRecord, options: SpanOptions = {}): Sp
   let cursor = 0; // messages 里下一条还没对上号的消息
   let previousEnd = root.startedAt;
   let retryChain = 0;
+  let lastModel: string | undefined;
 
   /** 一个步骤开始的时间：步骤自己记下的，否则是上一步结束或上一次迁移（started、tool_results…）中较晚的那个。 */
   const startOf = (step: TaskStep): number => {
@@ -297,7 +299,9 @@ export function buildSpanTree(record: TaskRecord, options: SpanOptions = {}): Sp
       const input = lastInputBefore(viewEnd);
       const usage = extras(step).usage ?? (reply === undefined ? undefined : { input: reply.usage.input, output: reply.usage.output });
       const tokens: SpanTokens = usage ?? { input: modelStep.tokens, output: 0 };
-      const name = extras(step).model ?? reply?.model ?? "model";
+      // 没留下回复的那几次（失败后被重试）借用同一个任务里最近一次回复的模型名。
+      const name = extras(step).model ?? reply?.model ?? lastModel ?? firstModelName(messages) ?? "model";
+      lastModel = name === "model" ? lastModel : name;
       const span: Span = {
         ...base,
         kind: "model",
@@ -349,6 +353,14 @@ export function buildSpanTree(record: TaskRecord, options: SpanOptions = {}): Sp
   root.tokens = total;
   if (cost !== undefined) root.costUsd = cost;
   return [root, ...groupNested(taskId, steps.map((step) => extras(step).node), children)];
+}
+
+function firstModelName(messages: readonly AgentMessage[]): string | undefined {
+  for (let index = 0; index < messages.length; index += 1) {
+    const message = messages[index]!;
+    if (message.role === "assistant" && isModelReply(messages, index)) return message.model;
+  }
+  return undefined;
 }
 
 function findCall(messages: readonly AgentMessage[], callId: string): ToolCall | undefined {
