@@ -510,8 +510,26 @@ test("Lab 23.3 · 隔离：交错执行的任务各自只看见自己的数据�
   }
 });
 
-test("Lab 23.3 · 运行时文件没有模块级可变状态：扫描 task-runtime/、guardrails/、orchestration/，违规时指出文件与行号", HANG_GUARD, async () => {
-  // 先证明检查器认得出问题：每一种违规各一行，允许的写法一个也不报。
+test("Lab 23.3 · 没有共享的可变状态：两个调度器互不相干；扫描 task-runtime/、guardrails/、orchestration/ 的模块顶层，违规时指出文件与行号", HANG_GUARD, async () => {
+  // 先在实例这一层：调度器的队列、计数与槽位都属于实例，一个调度器的活动不会出现在另一个的 stats 里。
+  const dir = await tempDir();
+  const store = await TaskStore.open(path.join(dir, "tasks.log"), { fsync: false });
+  try {
+    const model = new RequestModel(() => assistantMessage([text("好")], "stop"));
+    const runtime = new TaskRuntime({ store, model });
+    await runtime.submit({ id: "solo", input: "任务 solo" });
+    const busy = new TaskScheduler({ runner: runtime, concurrency: 1 });
+    const idle = new TaskScheduler({ runner: runtime, concurrency: 3 });
+    assert.equal((await busy.schedule("solo")).state, "completed");
+    assert.deepEqual(busy.stats, { queued: 0, running: 0, peakRunning: 1, settled: 1 });
+    assert.deepEqual(idle.stats, { queued: 0, running: 0, peakRunning: 0, settled: 0 });
+    assert.equal(idle.cancel("solo"), false, "另一个调度器里没有这个任务");
+  } finally {
+    await store.close();
+    await rm(dir, { recursive: true, force: true });
+  }
+
+  // 再到模块这一层。先证明检查器认得出问题：每一种违规各一行，允许的写法一个也不报。
   const sample = [
     "let counter = 0;", // 1
     "export var legacy = 1;", // 2
