@@ -646,9 +646,11 @@ test("Lab 23.4 · 执行树：task → model / tool，带有界且脱敏的摘�
   assert.equal(redactSecrets(`Authorization: Bearer abc.def key=${SECRET} "password": "hunter22"`), 'Authorization: Bearer [redacted] key=[redacted] "password": "[redacted]"');
   assert.equal(redactSecrets("我的口令是 open-sesame-42", ["open-sesame-42"]), "我的口令是 [redacted]");
   assert.equal(digest("a  b\n\nc"), "a b c");
-  const long = digest(`${"x".repeat(70)} ${SECRET}`, { digestLimit: 20 });
-  assert.ok(!long.includes("sk-live"), "截断前先脱敏：密钥的任何一段都不能留在摘要里");
-  assert.equal(long, `${"x".repeat(19)}…（共 81 字）`);
+  // 截断正好落在密钥中间：先截断的话，剩下的半截 sk-live-4f… 已经认不出是密钥了。
+  const long = digest(`${"x".repeat(10)} 令牌 ${SECRET} 之后还有很多字`, { digestLimit: 24 });
+  assert.ok(!long.includes("sk-"), `截断前先脱敏：密钥的任何一段都不能留在摘要里，实际：${long}`);
+  assert.equal(long, `${"x".repeat(10)} 令牌 [redacted…（共 32 字）`);
+  assert.equal(digest("短文本", { digestLimit: 24 }), "短文本");
 
   const dir = await tempDir();
   try {
@@ -688,6 +690,59 @@ test("Lab 23.4 · 执行树：task → model / tool，带有界且脱敏的摘�
     assert.equal(lines[0], `task r-1 [report] · ok · 1325 ms · tokens 920/200 · $${task.costUsd!.toFixed(6)} · 重试 1`);
     assert.ok(lines.includes(`├─ model scripted-v1 #2 · ok · 1120 ms · tokens 400/60 · $${first.costUsd!.toFixed(6)} · 重试 1`), tree);
     assert.ok(lines.some((line) => line.startsWith("└─ model scripted-v1 #4 · ok · 120 ms")), tree);
+
+    // 编排器（DAG 节点、计划步骤）的调用：节点成为 nested 节点；并行节点按完成先后写进日志，树按步骤号排回原位。
+    const dag: TaskRecord = {
+      snapshot: {
+        taskId: "d-1",
+        state: "completed",
+        priority: 0,
+        checkpointAt: 1_200,
+        version: 6,
+        context: {
+          input: "订单 ORD-9 能不能今天发货",
+          type: "status",
+          messages: [{ role: "user", content: [text("订单 ORD-9 能不能今天发货")], timestamp: 1_000 }],
+          steps: [
+            { stepId: 2, type: "tool_call", at: 1_040, tool: "shipping_fee", callId: "n2", idempotencyKey: "d-1#2", isError: false, result: "运费 12 元" },
+            { stepId: 1, type: "tool_call", at: 1_060, tool: "stock", callId: "n1", idempotencyKey: "d-1#1", isError: false, result: "库存 3 件" },
+            { stepId: 3, type: "model_call", at: 1_200, stopReason: "stop", tokens: 300, toolCallIds: [] },
+          ],
+          currentStep: 4,
+          tokensUsed: 300,
+          outcome: "可以发货，运费 12 元",
+          extensions: {
+            orchestration: {
+              calls: [
+                { step: 1, node: "check_stock", startedAt: 1_010 },
+                { step: 2, node: "shipping", startedAt: 1_010 },
+                { step: 3, node: "answer", startedAt: 1_060, model: "scripted-v1", usage: { input: 250, output: 50 }, output: "可以发货，运费 12 元" },
+              ],
+            },
+          },
+        },
+      },
+      events: [
+        { taskId: "d-1", from: "pending", to: "pending", event: "created", payload: null, at: 1_000 },
+        { taskId: "d-1", from: "pending", to: "running", event: "started", payload: null, at: 1_005 },
+        { taskId: "d-1", from: "running", to: "completed", event: "completed", payload: null, at: 1_200 },
+      ],
+    };
+    const dagSpans = buildSpanTree(dag);
+    assert.deepEqual(shape(dagSpans), [
+      "task:status:ok:0:-",
+      "nested:check_stock:ok:0:d-1",
+      "tool:stock:ok:0:d-1/check_stock",
+      "nested:shipping:ok:0:d-1",
+      "tool:shipping_fee:ok:0:d-1/shipping",
+      "nested:answer:ok:0:d-1",
+      "model:scripted-v1:ok:0:d-1/answer",
+    ]);
+    assert.deepEqual(dagSpans.map((span) => [span.startedAt, span.endedAt]), [
+      [1_000, 1_200], [1_010, 1_060], [1_010, 1_060], [1_010, 1_040], [1_010, 1_040], [1_060, 1_200], [1_060, 1_200],
+    ]);
+    assert.deepEqual(dagSpans[0]!.tokens, { input: 250, output: 50 });
+    assert.equal(dagSpans[6]!.outputDigest, "可以发货，运费 12 元");
 
     // npm run trace 运行的就是这个入口：对同一份日志打印同一棵树（这里跑编译好的副本）。
     const { stdout } = await promisify(execFile)(process.execPath, [path.join(PACKAGE_DIR, "dist", "src", "orchestration", "trace-cli.js"), file], {
