@@ -1,48 +1,79 @@
 // 第 23 章聚焦测试：编排、隔离与观测。
 // 运行：npm run build -w @pi/course && node --test packages/pi-course/dist/test/23-orchestration.test.js
 // 按实验过滤：node --test --test-name-pattern="Lab 23.1" packages/pi-course/dist/test/23-*.test.js
+// Lab 23.1 路由与固定 DAG · Lab 23.2 规划-执行与分层记忆 · Lab 23.3 调度与隔离 · Lab 23.4 执行树、重放与指标
 
 import assert from "node:assert/strict";
-import { mkdtemp, readFile, rm } from "node:fs/promises";
-import { tmpdir } from "node:os";
+import { execFile } from "node:child_process";
+import { mkdtemp, readdir, readFile, rm } from "node:fs/promises";
+import os, { tmpdir } from "node:os";
 import path from "node:path";
 import test from "node:test";
+import { fileURLToPath, pathToFileURL } from "node:url";
+import { promisify } from "node:util";
 
-import { DagExecutor, InvalidDag, modelNode, runDag, toolNode, validateDag, type DagNode } from "../src/orchestration/dag-executor.js";
+import { AssistantMessageEventStream } from "../src/event-stream.js";
 import { createBudgetHooks } from "../src/guardrails/budget.js";
+import { DagExecutor, type DagNode, InvalidDag, modelNode, runDag, toolNode, validateDag } from "../src/orchestration/dag-executor.js";
 import {
-  LongTermMemory,
   createWorkingMemoryHooks,
+  evidenceFromMessages,
+  LongTermMemory,
+  type MemoryFact,
   WORKING_MEMORY_KEY,
   WORKING_MEMORY_SECTION,
   WorkingMemory,
-  evidenceFromMessages,
-  type MemoryFact,
 } from "../src/orchestration/memory.js";
+import { computeMetrics, formatMetricsTable, percentile } from "../src/orchestration/metrics.js";
 import { MAX_PLAN_STEPS, PlanExecuteExecutor } from "../src/orchestration/plan-execute.js";
 import {
+  type ExecutionStep,
   ORCHESTRATION_KEY,
+  type OrchestrationRecord,
   Orchestrator,
   ReactExecutor,
-  TaskRouter,
-  type ExecutionStep,
-  type OrchestrationRecord,
   type RoutedTask,
+  TaskRouter,
 } from "../src/orchestration/router.js";
-import type { TaskSnapshot } from "../src/task-runtime/task-state.js";
+import { TaskScheduler } from "../src/orchestration/scheduler.js";
+import {
+  buildSpanTree,
+  DEFAULT_PRICES,
+  digest,
+  estimateCost,
+  formatSpanTree,
+  readTaskLog,
+  redactSecrets,
+  replayTask,
+  type Span,
+  type TaskRecord,
+} from "../src/orchestration/spans.js";
+import { ScriptedModel, type ScriptedTurn } from "../src/scripted-model.js";
+import { type JsonValue } from "../src/session.js";
+import { type TaskHooks, TaskRuntime, type TaskToolContext } from "../src/task-runtime/task-runner.js";
+import { type TaskSnapshot } from "../src/task-runtime/task-state.js";
 import { TaskStore } from "../src/task-runtime/task-store.js";
-import { TaskRuntime, type TaskToolContext } from "../src/task-runtime/task-runner.js";
-import { ScriptedModel } from "../src/scripted-model.js";
-import type { JsonValue } from "../src/session.js";
-import { objectSchema, stringValue, ToolRegistry, type Tool, type ToolOutput } from "../src/tool.js";
-import { assistantMessage, currentSystemMessage, text, textOf, type AgentMessage, type ToolResultMessage } from "../src/types.js";
+import { objectSchema, stringValue, type Tool, type ToolOutput, ToolRegistry } from "../src/tool.js";
+import {
+  type AgentContext,
+  type AgentMessage,
+  assistantMessage,
+  type AssistantMessage,
+  currentSystemMessage,
+  type Model,
+  type ModelStreamOptions,
+  text,
+  textOf,
+  type ToolCall,
+  type ToolResultMessage,
+} from "../src/types.js";
 
 // ---------------------------------------------------------------------------
 // 夹具
 // ---------------------------------------------------------------------------
 
 /** 只作挂起保护；断言从不依赖耗时。 */
-const HANG_GUARD = { timeout: 10_000 };
+const HANG_GUARD = { timeout: 20_000 };
 
 function reply(body: string, tokens = 10) {
   return assistantMessage([text(body)], "stop", { usage: { input: tokens - 2, output: 2, totalTokens: tokens }, timestamp: 1 });
@@ -671,3 +702,827 @@ test("Lab 23.2 · 工作记忆：窗口裁掉旧的工具结果之后，抽出�
     await rm(dir, { recursive: true, force: true });
   }
 });
+
+// ---------------------------------------------------------------------------
+// 夹具（Lab 23.3 / 23.4）
+// ---------------------------------------------------------------------------
+
+
+const HERE = path.dirname(fileURLToPath(import.meta.url));
+/** dist/test → 包目录。 */
+const PACKAGE_DIR = path.resolve(HERE, "..", "..");
+
+interface Deferred<T> {
+  promise: Promise<T>;
+  resolve(value: T): void;
+}
+
+function deferred<T = void>(): Deferred<T> {
+  let resolve!: (value: T) => void;
+  const promise = new Promise<T>((done) => {
+    resolve = done;
+  });
+  return { promise, resolve };
+}
+
+/**
+ * 等到条件成立（存储的写盘在线程池里完成，轮数固定的 setImmediate 等不住它）。
+ * 只按条件等，不按时间断言；真的卡住时由 HANG_GUARD 兜底，并说出在等什么。
+ */
+async function waitUntil(condition: () => boolean, what: string): Promise<void> {
+  for (let round = 0; round < 10_000; round += 1) {
+    if (condition()) return;
+    await new Promise<void>((resolve) => setTimeout(resolve, 1));
+  }
+  throw new Error(`一直没有等到：${what}`);
+}
+
+async function tempDir(): Promise<string> {
+  return mkdtemp(path.join(os.tmpdir(), "pi-course-23b-"));
+}
+
+/** 一个只在被推动时前进的时钟。 */
+function manualClock(start = 1_000): { now: () => number; advance(ms: number): void } {
+  let current = start;
+  return {
+    now: () => current,
+    advance(ms: number) {
+      current += ms;
+    },
+  };
+}
+
+function call(id: string, name: string, args: Record<string, unknown>): ToolCall {
+  return { type: "toolCall", id, name, arguments: args };
+}
+
+/** 请求里第一条 user 消息的文字：每个任务的输入。 */
+function inputOf(context: AgentContext): string {
+  const first = context.messages.find((message) => message.role === "user");
+  return first === undefined ? "" : textOf(first);
+}
+
+function toolResultsOf(context: AgentContext): string[] {
+  return context.messages.flatMap((message) => (message.role === "toolResult" ? [textOf(message)] : []));
+}
+
+/**
+ * 无状态的模型：每次回复只由这一次请求的内容决定（谁的请求就只看得见谁的对话）。
+ * 每次调用都用一个新的 ScriptedModel 播放一轮，所以事件协议与第 04 章完全一样。
+ */
+class RequestModel implements Model {
+  readonly #respond: (context: AgentContext) => ScriptedTurn | Promise<ScriptedTurn>;
+
+  constructor(respond: (context: AgentContext) => ScriptedTurn | Promise<ScriptedTurn>) {
+    this.#respond = respond;
+  }
+
+  stream(context: AgentContext, options: ModelStreamOptions = {}): AssistantMessageEventStream {
+    const outer = new AssistantMessageEventStream();
+    const snapshot = structuredClone(context);
+    void (async () => {
+      const turn = await this.#respond(snapshot);
+      const inner = new ScriptedModel([turn]).stream(snapshot, options);
+      for await (const event of inner) outer.push(event);
+      outer.end(await inner.result());
+    })();
+    return outer;
+  }
+}
+
+/** 账户查询工具：返回这个账户自己的余额；gate 决定它什么时候返回，用来强制不同任务交错。 */
+function lookupTool(options: { gate?(account: string): Promise<void>; seen?: { taskId: string; account: string; key: string }[] } = {}): Tool<{ account: string }> {
+  return {
+    name: "lookup",
+    description: "查询一个账户的余额",
+    schema: objectSchema({ account: stringValue }),
+    async execute(parameters, context) {
+      const taskContext = context as TaskToolContext;
+      options.seen?.push({ taskId: taskContext.taskId, account: parameters.account, key: taskContext.idempotencyKey });
+      await options.gate?.(parameters.account);
+      const balance = [...parameters.account].reduce((sum, ch) => sum + ch.charCodeAt(0), 0);
+      return { content: [text(`账户 ${parameters.account} 余额 ${balance}`)] };
+    },
+  };
+}
+
+/** 查账任务的模型：先按输入里的账户调 lookup，拿到结果后用结果作答。 */
+function accountModel(): RequestModel {
+  return new RequestModel((context) => {
+    const account = /acct-[\w-]+/.exec(inputOf(context))?.[0] ?? "acct-unknown";
+    const results = toolResultsOf(context);
+    if (results.length === 0) {
+      return assistantMessage([call(`call-${account}`, "lookup", { account })], "toolUse", {
+        usage: { input: 100, output: 20, totalTokens: 120 },
+      });
+    }
+    return assistantMessage([text(`查完了：${results.join("；")}`)], "stop", { usage: { input: 150, output: 30, totalTokens: 180 } });
+  });
+}
+
+// ---------------------------------------------------------------------------
+// Lab 23.3 · 模块级可变状态扫描（测试自带的检查器，不属于教学文件）
+// ---------------------------------------------------------------------------
+
+interface Token {
+  kind: "id" | "punct" | "literal" | "regex";
+  value: string;
+  line: number;
+  depth: number;
+  classBody: boolean;
+}
+
+/** 粗粒度的 TypeScript 词法：跳过注释、字符串、模板与正则；每个 token 记下所在的花括号深度、是否直接在 class 体里。 */
+function tokenize(source: string): Token[] {
+  const tokens: Token[] = [];
+  const braces: ("block" | "class" | "template")[] = [];
+  let line = 1;
+  let classPending = false;
+  let index = 0;
+  const push = (kind: Token["kind"], value: string, at: number): void => {
+    tokens.push({ kind, value, line: at, depth: braces.length, classBody: braces[braces.length - 1] === "class" });
+  };
+  const regexAllowed = (): boolean => {
+    const last = tokens[tokens.length - 1];
+    if (last === undefined) return true;
+    if (last.kind === "literal" || last.kind === "regex") return false;
+    if (last.kind === "id") return /^(return|typeof|instanceof|in|of|new|delete|void|throw|case|do|else|yield|await)$/.test(last.value);
+    return !/^[)\]}]$/.test(last.value);
+  };
+  const readTemplate = (at: number): void => {
+    while (index < source.length) {
+      const ch = source[index]!;
+      if (ch === "\\") {
+        index += 2;
+        continue;
+      }
+      if (ch === "\n") line += 1;
+      if (ch === "`") {
+        index += 1;
+        push("literal", "template", at);
+        return;
+      }
+      if (ch === "$" && source[index + 1] === "{") {
+        index += 2;
+        push("literal", "template", at);
+        braces.push("template");
+        return;
+      }
+      index += 1;
+    }
+  };
+  while (index < source.length) {
+    const ch = source[index]!;
+    if (ch === "\n") {
+      line += 1;
+      index += 1;
+    } else if (/\s/.test(ch)) {
+      index += 1;
+    } else if (ch === "/" && source[index + 1] === "/") {
+      while (index < source.length && source[index] !== "\n") index += 1;
+    } else if (ch === "/" && source[index + 1] === "*") {
+      const end = source.indexOf("*/", index + 2);
+      const stop = end === -1 ? source.length : end + 2;
+      for (let k = index; k < stop; k += 1) if (source[k] === "\n") line += 1;
+      index = stop;
+    } else if (ch === '"' || ch === "'") {
+      const at = line;
+      index += 1;
+      while (index < source.length && source[index] !== ch && source[index] !== "\n") index += source[index] === "\\" ? 2 : 1;
+      index += 1;
+      push("literal", "string", at);
+    } else if (ch === "`") {
+      index += 1;
+      readTemplate(line);
+    } else if (ch === "/" && regexAllowed()) {
+      const at = line;
+      let inClass = false;
+      index += 1;
+      while (index < source.length && source[index] !== "\n") {
+        const c = source[index]!;
+        if (c === "\\") {
+          index += 2;
+          continue;
+        }
+        if (c === "[") inClass = true;
+        else if (c === "]") inClass = false;
+        else if (c === "/" && !inClass) break;
+        index += 1;
+      }
+      index += 1;
+      let flags = "";
+      while (index < source.length && /[a-z]/i.test(source[index]!)) flags += source[index++];
+      push("regex", flags, at);
+    } else if (/[\w$]/.test(ch) || ch.charCodeAt(0) > 127) {
+      let end = index;
+      while (end < source.length && (/[\w$]/.test(source[end]!) || source.charCodeAt(end) > 127)) end += 1;
+      const word = source.slice(index, end);
+      index = end;
+      push(/^\d/.test(word) ? "literal" : "id", word, line);
+      if (word === "class") classPending = true;
+    } else if (ch === "{") {
+      push("punct", "{", line);
+      braces.push(classPending ? "class" : "block");
+      classPending = false;
+      index += 1;
+    } else if (ch === "}") {
+      const kind = braces.pop();
+      index += 1;
+      if (kind === "template") readTemplate(line);
+      else push("punct", "}", line);
+    } else {
+      if (ch === ";") classPending = false;
+      push("punct", ch, line);
+      index += 1;
+    }
+  }
+  return tokens;
+}
+
+/** const 声明的初始值从哪个 token 开始：跳过名字与类型标注（类型里的括号、尖括号与 => 不算）。 */
+function initializerStart(tokens: readonly Token[], from: number): number | undefined {
+  let nesting = 0;
+  for (let k = from; k < tokens.length; k += 1) {
+    const token = tokens[k]!;
+    if (token.kind !== "punct") continue;
+    if (/^[([{<]$/.test(token.value)) nesting += 1;
+    else if (/^[)\]}>]$/.test(token.value)) {
+      if (token.value === ">" && tokens[k - 1]?.value === "=") continue; // => 的后半
+      nesting -= 1;
+    } else if (token.value === "=" && nesting === 0) {
+      const next = tokens[k + 1];
+      if (next?.kind === "punct" && (next.value === ">" || next.value === "=")) continue;
+      return k + 1 < tokens.length ? k + 1 : undefined;
+    } else if (token.value === ";" && nesting === 0) return undefined;
+  }
+  return undefined;
+}
+
+interface Finding {
+  line: number;
+  reason: string;
+}
+
+/** 模块顶层的可变状态：let / var、可变容器与字面量、带 g / y 标志的正则，以及 class 上不是 readonly 的 static 字段。 */
+function findModuleState(source: string): Finding[] {
+  const tokens = tokenize(source);
+  const findings: Finding[] = [];
+  let parens = 0;
+  tokens.forEach((token, k) => {
+    if (token.kind === "punct" && (token.value === "(" || token.value === "[")) parens += 1;
+    if (token.kind === "punct" && (token.value === ")" || token.value === "]")) parens = Math.max(0, parens - 1);
+    if (token.kind !== "id") return;
+    const previous = tokens[k - 1];
+    const startsStatement =
+      previous === undefined ||
+      previous.line < token.line ||
+      (previous.kind === "punct" && /^[;{}]$/.test(previous.value)) ||
+      (previous.kind === "id" && previous.value === "export");
+    if (!startsStatement || (previous?.kind === "id" && previous.value === "declare")) return;
+    const topLevel = token.depth === 0 && parens === 0;
+    if (topLevel && (token.value === "let" || token.value === "var")) {
+      findings.push({ line: token.line, reason: `模块顶层的 ${token.value} 声明` });
+    } else if (topLevel && token.value === "const") {
+      const start = initializerStart(tokens, k + 1);
+      if (start === undefined) return;
+      const first = tokens[start]!;
+      const name = tokens[k + 1]?.value ?? "?";
+      if (first.kind === "punct" && (first.value === "[" || first.value === "{")) {
+        findings.push({ line: token.line, reason: `${name} 是可变的${first.value === "[" ? "数组" : "对象"}（用 Object.freeze 冻结）` });
+      } else if (first.kind === "id" && first.value === "new" && /^(Map|Set|WeakMap|WeakSet|Array)$/.test(tokens[start + 1]?.value ?? "")) {
+        findings.push({ line: token.line, reason: `${name} 是模块级的 ${tokens[start + 1]!.value}` });
+      } else if (first.kind === "regex" && /[gy]/.test(first.value)) {
+        findings.push({ line: token.line, reason: `${name} 是带 ${first.value} 标志的正则（lastIndex 会被改写）` });
+      }
+    } else if (token.classBody && token.value === "static") {
+      let m = k + 1;
+      while (/^(public|private|protected|override|declare)$/.test(tokens[m]?.value ?? "")) m += 1;
+      const head = tokens[m];
+      if (head === undefined || head.value === "readonly" || head.value === "{" || head.value === "*") return;
+      if (/^(async|get|set)$/.test(head.value) && tokens[m + 1]?.kind === "id") return;
+      const after = tokens[m + 1];
+      if (after?.kind === "punct" && /^[=:;?!]$/.test(after.value)) {
+        findings.push({ line: token.line, reason: `static ${head.value} 不是 readonly（所有实例共享它）` });
+      }
+    }
+  });
+  return findings;
+}
+
+async function sourceFiles(dir: string): Promise<string[]> {
+  const entries = await readdir(dir, { withFileTypes: true });
+  const nested = await Promise.all(
+    entries.map(async (entry) => {
+      const full = path.join(dir, entry.name);
+      if (entry.isDirectory()) return sourceFiles(full);
+      return entry.name.endsWith(".ts") ? [full] : [];
+    }),
+  );
+  return nested.flat().sort();
+}
+
+/** 导出的普通对象与数组（不含函数、类）必须一层层都冻结。返回没冻结的路径。 */
+function unfrozenPaths(value: unknown, where: string, seen = new Set<unknown>()): string[] {
+  if (value === null || typeof value !== "object" || seen.has(value)) return [];
+  seen.add(value);
+  const prototype: unknown = Object.getPrototypeOf(value);
+  if (!Array.isArray(value) && prototype !== Object.prototype && prototype !== null) return [];
+  const own = Object.isFrozen(value) ? [] : [where];
+  return [...own, ...Object.entries(value).flatMap(([key, item]) => unfrozenPaths(item, `${where}.${key}`, seen))];
+}
+
+const RUNTIME_DIRS = ["task-runtime", "guardrails", "orchestration"] as const;
+
+// ---------------------------------------------------------------------------
+// Lab 23.3 · 调度与隔离
+// ---------------------------------------------------------------------------
+
+test("Lab 23.3 · 并发上限：最多 concurrency 个任务同时在跑，按优先级再按到达顺序补位，全部结束时结果与存储一致", HANG_GUARD, async () => {
+  const dir = await tempDir();
+  const store = await TaskStore.open(path.join(dir, "tasks.log"), { fsync: false });
+  try {
+    const gates = new Map<string, Deferred<void>>();
+    const started: string[] = [];
+    let inFlight = 0;
+    let peak = 0;
+    const model = new RequestModel(async (context) => {
+      const id = /任务 (\w+)/.exec(inputOf(context))?.[1] ?? "?";
+      started.push(id);
+      inFlight += 1;
+      peak = Math.max(peak, inFlight);
+      const gate = deferred();
+      gates.set(id, gate);
+      await gate.promise;
+      inFlight -= 1;
+      return assistantMessage([text(`任务 ${id} 完成`)], "stop", { usage: { input: 10, output: 5, totalTokens: 15 } });
+    });
+    const runtime = new TaskRuntime({ store, model });
+    const specs = [
+      { id: "a", priority: 0 },
+      { id: "b", priority: 0 },
+      { id: "c", priority: 5 },
+      { id: "d", priority: 0 },
+      { id: "e", priority: 1 },
+    ];
+    for (const spec of specs) await runtime.submit({ id: spec.id, input: `任务 ${spec.id}`, priority: spec.priority });
+
+    const scheduler = new TaskScheduler({ runner: runtime, concurrency: 2 });
+    assert.throws(() => new TaskScheduler({ runner: runtime, concurrency: 0 }), /concurrency/);
+    const results = new Map<string, Promise<TaskSnapshot>>();
+    for (const spec of specs) results.set(spec.id, scheduler.schedule(spec.id, { priority: spec.priority }));
+    assert.equal(scheduler.schedule("a"), results.get("a"), "未结束的任务再调度一次，拿到的是同一个 Promise");
+
+    await waitUntil(() => started.length === 2, "两个任务开始调用模型");
+    assert.deepEqual(started, ["c", "e"], "优先级最高的两个先跑");
+    assert.deepEqual(scheduler.stats, { queued: 3, running: 2, peakRunning: 2, settled: 0 });
+    assert.equal(scheduler.phase("a"), "queued");
+
+    // 每放行一个，恰好补上一个：同优先级按到达顺序 a、b、d。
+    for (const [release, expected] of [["c", ["c", "e", "a"]], ["a", ["c", "e", "a", "b"]], ["e", ["c", "e", "a", "b", "d"]]] as const) {
+      gates.get(release)!.resolve();
+      await waitUntil(() => started.length === expected.length, `放行 ${release} 之后补上一个任务`);
+      assert.deepEqual(started, expected);
+      assert.ok(scheduler.stats.running <= 2);
+    }
+    gates.get("b")!.resolve();
+    gates.get("d")!.resolve();
+    await scheduler.drain();
+
+    assert.equal(peak, 2, "模型那一侧看到的同时在途请求从未超过 2");
+    assert.deepEqual(scheduler.stats, { queued: 0, running: 0, peakRunning: 2, settled: 5 });
+    for (const spec of specs) {
+      const snapshot = await results.get(spec.id)!;
+      assert.equal(snapshot.state, "completed");
+      assert.equal(snapshot.context.outcome, `任务 ${spec.id} 完成`);
+      assert.deepEqual(snapshot, store.latest(spec.id), "调度器交回的结果就是存储里的最新快照");
+    }
+  } finally {
+    await store.close();
+    await rm(dir, { recursive: true, force: true });
+  }
+});
+
+test("Lab 23.3 · 隔离：交错执行的任务各自只看见自己的数据；取消一个（运行中或排队中）只影响它自己", HANG_GUARD, async () => {
+  const dir = await tempDir();
+  const store = await TaskStore.open(path.join(dir, "tasks.log"), { fsync: false });
+  try {
+    const gates = new Map<string, Deferred<void>>();
+    const seen: { taskId: string; account: string; key: string }[] = [];
+    const tool = lookupTool({
+      seen,
+      gate: (account) => {
+        const gate = deferred();
+        gates.set(account, gate);
+        return gate.promise;
+      },
+    });
+    const runtime = new TaskRuntime({ store, model: accountModel(), tools: [tool] });
+    const ids = ["A", "B", "C", "D"];
+    for (const id of ids) await runtime.submit({ id, input: `查询账户 acct-${id} 的余额` });
+
+    const scheduler = new TaskScheduler({ runner: runtime, concurrency: 3 });
+    const results = ids.map((id) => scheduler.schedule(id));
+    await waitUntil(() => gates.size === 3, "三个任务都进入工具调用");
+    assert.deepEqual([...gates.keys()].sort(), ["acct-A", "acct-B", "acct-C"], "三个任务都停在各自的工具调用里");
+    assert.equal(scheduler.phase("D"), "queued");
+
+    // 排队中的 D 被取消：不等名额，也从不调用模型。
+    assert.equal(scheduler.cancel("D"), true);
+    // 运行中的 B 被取消：它的工具返回之后，在下一个检查点停下，随后迁到 cancelled。
+    assert.equal(scheduler.cancel("B"), true);
+    // 倒着放行：C 先于 A 完成，B 的工具也返回了。
+    gates.get("acct-C")!.resolve();
+    await waitUntil(() => scheduler.phase("C") === undefined, "C 结束");
+    gates.get("acct-B")!.resolve();
+    await waitUntil(() => scheduler.phase("B") === undefined, "B 停下并被取消");
+    assert.equal(scheduler.phase("A"), "running", "A 还在等自己的工具");
+    gates.get("acct-A")!.resolve();
+    await scheduler.drain();
+
+    const [a, b, c, d] = await Promise.all(results);
+    assert.equal(a!.state, "completed");
+    assert.equal(c!.state, "completed");
+    assert.equal(b!.state, "cancelled");
+    assert.equal(d!.state, "cancelled");
+    assert.equal(scheduler.cancel("A"), false, "已经结束的任务不在调度器里");
+    assert.equal(d!.context.steps.length, 0, "D 从没调用过模型");
+
+    for (const snapshot of [a!, b!, c!, d!]) {
+      const mine = `acct-${snapshot.taskId}`;
+      const body = JSON.stringify(snapshot.context);
+      for (const other of ids.filter((id) => id !== snapshot.taskId)) {
+        assert.ok(!body.includes(`acct-${other}`), `任务 ${snapshot.taskId} 的数据里出现了 acct-${other}`);
+      }
+      assert.ok(body.includes(mine));
+      assert.deepEqual(snapshot, store.latest(snapshot.taskId));
+    }
+    assert.match(a!.context.outcome ?? "", /账户 acct-A 余额 \d+/);
+    assert.match(c!.context.outcome ?? "", /账户 acct-C 余额 \d+/);
+    // 工具拿到的上下文属于发起调用的那个任务：task id、账户、幂等键一一对应。
+    assert.deepEqual(
+      seen.map((entry) => `${entry.taskId}:${entry.account}:${entry.key}`).sort(),
+      ["A:acct-A:A#2", "B:acct-B:B#2", "C:acct-C:C#2"],
+    );
+  } finally {
+    await store.close();
+    await rm(dir, { recursive: true, force: true });
+  }
+});
+
+test("Lab 23.3 · 没有共享的可变状态：两个调度器互不相干；扫描 task-runtime/、guardrails/、orchestration/ 的模块顶层，违规时指出文件与行号", HANG_GUARD, async () => {
+  // 先在实例这一层：调度器的队列、计数与槽位都属于实例，一个调度器的活动不会出现在另一个的 stats 里。
+  const dir = await tempDir();
+  const store = await TaskStore.open(path.join(dir, "tasks.log"), { fsync: false });
+  try {
+    const model = new RequestModel(() => assistantMessage([text("好")], "stop"));
+    const runtime = new TaskRuntime({ store, model });
+    await runtime.submit({ id: "solo", input: "任务 solo" });
+    const busy = new TaskScheduler({ runner: runtime, concurrency: 1 });
+    const idle = new TaskScheduler({ runner: runtime, concurrency: 3 });
+    assert.equal((await busy.schedule("solo")).state, "completed");
+    assert.deepEqual(busy.stats, { queued: 0, running: 0, peakRunning: 1, settled: 1 });
+    assert.deepEqual(idle.stats, { queued: 0, running: 0, peakRunning: 0, settled: 0 });
+    assert.equal(idle.cancel("solo"), false, "另一个调度器里没有这个任务");
+  } finally {
+    await store.close();
+    await rm(dir, { recursive: true, force: true });
+  }
+
+  // 再到模块这一层。先证明检查器认得出问题：每一种违规各一行，允许的写法一个也不报。
+  const sample = [
+    "let counter = 0;", // 1
+    "export var legacy = 1;", // 2
+    "const cache = new Map<string, number>();", // 3
+    "export const queue: string[] = [];", // 4
+    "const current = { taskId: '' };", // 5
+    "const SCAN = /x/g;", // 6
+    "class Registry {", // 7
+    "  static count = 0;", // 8
+    "  static readonly LIMIT = 3;", // 9
+    "  static create(): Registry { let local = 1; return new Registry(); }", // 10
+    "}", // 11
+    "export const FROZEN = Object.freeze({ a: Object.freeze([1]) });", // 12
+    "const LIMIT = 15; const NAME = 'let x = 1';", // 13
+    "function f(): void { let inside = 0; const m = new Map(); }", // 14
+    "// let commented = 1;", // 15
+    "const message = `${'{'} let x ${'}'}`;", // 16
+    "type Shape = { a: string };", // 17
+    "const handler: (value: number) => { ok: boolean } = (value) => ({ ok: value > 0 });", // 18
+  ].join("\n");
+  assert.deepEqual(
+    findModuleState(sample).map((finding) => finding.line),
+    [1, 2, 3, 4, 5, 6, 8],
+  );
+
+  const srcDir = path.join(PACKAGE_DIR, "src");
+  const distDir = path.join(PACKAGE_DIR, "dist", "src");
+  const problems: string[] = [];
+  let scanned = 0;
+  for (const folder of RUNTIME_DIRS) {
+    for (const file of await sourceFiles(path.join(srcDir, folder))) {
+      scanned += 1;
+      const relative = path.relative(PACKAGE_DIR, file).split(path.sep).join("/");
+      for (const finding of findModuleState(await readFile(file, "utf8"))) problems.push(`${relative}:${finding.line} ${finding.reason}`);
+      // 导出的常量对象一层层都要冻结：冻结了外层、漏了里层，别的模块照样能改它。
+      const compiled = path.join(distDir, path.relative(srcDir, file)).replace(/\.ts$/, ".js");
+      const loaded = (await import(pathToFileURL(compiled).href)) as Record<string, unknown>;
+      for (const [name, value] of Object.entries(loaded)) {
+        for (const where of unfrozenPaths(value, name)) problems.push(`${relative} 导出的 ${where} 没有冻结`);
+      }
+    }
+  }
+  assert.ok(scanned >= 9, `应当扫描到三个运行时目录里的全部源文件，只找到 ${scanned} 个`);
+  assert.deepEqual(problems, [], `运行时文件里有模块级可变状态：\n${problems.join("\n")}`);
+});
+
+// ---------------------------------------------------------------------------
+// Lab 23.4 · 执行树、重放与指标
+// ---------------------------------------------------------------------------
+
+const SECRET = "sk-live-4f9a8b7c6d5e4f3a2b1c";
+
+/** 最小的失败钩子：错误回复最多重试 retries 次，每次等 delayMs（测试里的 sleep 只推动时钟）。 */
+function retryHook(retries: number, delayMs = 1_000): TaskHooks {
+  return {
+    onModelFailure(reply, snapshot) {
+      if (reply.stopReason !== "error") return undefined;
+      const attempts = snapshot.context.retry?.attempts ?? 0;
+      return attempts < retries ? { retry: true, delayMs, failureClass: "transient" } : { retry: false };
+    },
+  };
+}
+
+/** 一个报表任务：第一次请求被限流，重试后调用工具（参数里夹着密钥），最后作答。时钟只由模型与工具推动。 */
+async function reportScenario(dir: string): Promise<{ file: string; clock: ReturnType<typeof manualClock> }> {
+  const file = path.join(dir, "report.log");
+  const store = await TaskStore.open(file);
+  const clock = manualClock();
+  let calls = 0;
+  const model = new RequestModel((context) => {
+    calls += 1;
+    clock.advance(calls === 1 ? 50 : 120);
+    if (calls === 1) return { stopReason: "error", errorMessage: "429 rate limit: Authorization: Bearer abc.def.ghi" };
+    if (toolResultsOf(context).length === 0) {
+      return assistantMessage([call("call-1", "fetch_sales", { region: "华东", api_key: SECRET })], "toolUse", {
+        usage: { input: 400, output: 60, totalTokens: 460 },
+      });
+    }
+    return assistantMessage([text(`华东区本月销售额 1,204 万，环比上升 ${"很多".repeat(40)}`)], "stop", {
+      usage: { input: 520, output: 140, totalTokens: 660 },
+    });
+  });
+  const fetchSales: Tool<{ region: string; api_key: string }> = {
+    name: "fetch_sales",
+    description: "读取一个区域的销售额",
+    schema: objectSchema({ region: stringValue, api_key: stringValue }),
+    async execute(parameters) {
+      clock.advance(30);
+      return { content: [text(`${parameters.region}: 1204 万（token=${parameters.api_key}）`)] };
+    },
+  };
+  const runtime = new TaskRuntime({
+    store,
+    model,
+    tools: [fetchSales],
+    clock: clock.now,
+    sleep: async (ms) => clock.advance(ms),
+    hooks: retryHook(2),
+  });
+  await runtime.submit({ id: "r-1", input: `生成华东区销售报表（凭据 api_key=${SECRET}）`, type: "report" });
+  clock.advance(5);
+  const done = await runtime.run("r-1");
+  assert.equal(done.state, "completed");
+  await store.close();
+  return { file, clock };
+}
+
+function shape(spans: readonly Span[]): string[] {
+  return spans.map((span) => `${span.kind}:${span.name}:${span.status}:${span.retries}:${span.parentId ?? "-"}`);
+}
+
+test("Lab 23.4 · 执行树：task → model / tool，带有界且脱敏的摘要、耗时、token、估算费用、状态与重试次数；trace 命令打印同一棵树", HANG_GUARD, async () => {
+  // 脱敏先于截断；摘要有界。
+  assert.equal(redactSecrets(`Authorization: Bearer abc.def key=${SECRET} "password": "hunter22"`), 'Authorization: Bearer [redacted] key=[redacted] "password": "[redacted]"');
+  assert.equal(redactSecrets("我的口令是 open-sesame-42", ["open-sesame-42"]), "我的口令是 [redacted]");
+  assert.equal(digest("a  b\n\nc"), "a b c");
+  // 截断正好落在密钥中间：先截断的话，剩下的半截 sk-live-4f… 已经认不出是密钥了。
+  const long = digest(`${"x".repeat(10)} 令牌 ${SECRET} 之后还有很多字`, { digestLimit: 24 });
+  assert.ok(!long.includes("sk-"), `截断前先脱敏：密钥的任何一段都不能留在摘要里，实际：${long}`);
+  assert.equal(long, `${"x".repeat(10)} 令牌 [redacted…（共 32 字）`);
+  assert.equal(digest("短文本", { digestLimit: 24 }), "短文本");
+
+  const dir = await tempDir();
+  try {
+    const { file } = await reportScenario(dir);
+    const [record] = await readTaskLog(file);
+    assert.ok(record !== undefined);
+    const spans = buildSpanTree(record);
+    assert.deepEqual(shape(spans), [
+      "task:report:ok:1:-",
+      "model:scripted-v1:error:0:r-1",
+      "model:scripted-v1:ok:1:r-1",
+      "tool:fetch_sales:ok:0:r-1",
+      "model:scripted-v1:ok:0:r-1",
+    ]);
+    const [task, failed, first, tool, last] = spans as [Span, Span, Span, Span, Span];
+    assert.deepEqual([task.startedAt, task.endedAt], [1_000, 1_000 + 5 + 50 + 1_000 + 120 + 30 + 120]);
+    assert.deepEqual(spans.slice(1).map((span) => (span.endedAt ?? 0) - span.startedAt), [50, 1_120, 30, 120]);
+    assert.deepEqual(first.tokens, { input: 400, output: 60 });
+    assert.deepEqual(task.tokens, { input: 920, output: 200 });
+    const price = DEFAULT_PRICES["scripted-v1"]!;
+    assert.equal(first.costUsd, (400 * price.inputPerMillion + 60 * price.outputPerMillion) / 1_000_000);
+    assert.equal(task.costUsd, first.costUsd! + last.costUsd!);
+    assert.equal(failed.costUsd, 0, "失败的那次调用没有消耗 token");
+    assert.equal(estimateCost("unknown-model", { input: 10, output: 10 }), undefined, "价目表里没有的模型不估算");
+    assert.match(failed.outputDigest ?? "", /429 rate limit/);
+    assert.match(tool.inputDigest ?? "", /"region":"华东"/);
+    for (const span of spans) {
+      for (const digestText of [span.inputDigest, span.outputDigest]) {
+        if (digestText === undefined) continue;
+        assert.ok(!digestText.includes("sk-live") && !digestText.includes("abc.def"), `摘要泄露了秘密：${digestText}`);
+        assert.ok([...digestText].length <= 80 + 12, `摘要超出上限：${digestText}`);
+      }
+    }
+
+    const tree = formatSpanTree(spans);
+    const lines = tree.split("\n");
+    assert.equal(lines[0], `task r-1 [report] · ok · 1325 ms · tokens 920/200 · $${task.costUsd!.toFixed(6)} · 重试 1`);
+    assert.ok(lines.includes(`├─ model scripted-v1 #2 · ok · 1120 ms · tokens 400/60 · $${first.costUsd!.toFixed(6)} · 重试 1`), tree);
+    assert.ok(lines.some((line) => line.startsWith("└─ model scripted-v1 #4 · ok · 120 ms")), tree);
+
+    // 编排器（DAG 节点、计划步骤）的调用：节点成为 nested 节点；并行节点按完成先后写进日志，树按步骤号排回原位。
+    const dag: TaskRecord = {
+      snapshot: {
+        taskId: "d-1",
+        state: "completed",
+        priority: 0,
+        checkpointAt: 1_200,
+        version: 6,
+        context: {
+          input: "订单 ORD-9 能不能今天发货",
+          type: "status",
+          messages: [{ role: "user", content: [text("订单 ORD-9 能不能今天发货")], timestamp: 1_000 }],
+          steps: [
+            { stepId: 2, type: "tool_call", at: 1_040, tool: "shipping_fee", callId: "n2", idempotencyKey: "d-1#2", isError: false, result: "运费 12 元" },
+            { stepId: 1, type: "tool_call", at: 1_060, tool: "stock", callId: "n1", idempotencyKey: "d-1#1", isError: false, result: "库存 3 件" },
+            { stepId: 3, type: "model_call", at: 1_200, stopReason: "stop", tokens: 300, toolCallIds: [] },
+          ],
+          currentStep: 4,
+          tokensUsed: 300,
+          outcome: "可以发货，运费 12 元",
+          extensions: {
+            orchestration: {
+              calls: [
+                { step: 1, node: "check_stock", startedAt: 1_010 },
+                { step: 2, node: "shipping", startedAt: 1_010 },
+                { step: 3, node: "answer", startedAt: 1_060, model: "scripted-v1", usage: { input: 250, output: 50 }, output: "可以发货，运费 12 元" },
+              ],
+            },
+          },
+        },
+      },
+      events: [
+        { taskId: "d-1", from: "pending", to: "pending", event: "created", payload: null, at: 1_000 },
+        { taskId: "d-1", from: "pending", to: "running", event: "started", payload: null, at: 1_005 },
+        { taskId: "d-1", from: "running", to: "completed", event: "completed", payload: null, at: 1_200 },
+      ],
+    };
+    const dagSpans = buildSpanTree(dag);
+    assert.deepEqual(shape(dagSpans), [
+      "task:status:ok:0:-",
+      "nested:check_stock:ok:0:d-1",
+      "tool:stock:ok:0:d-1/check_stock",
+      "nested:shipping:ok:0:d-1",
+      "tool:shipping_fee:ok:0:d-1/shipping",
+      "nested:answer:ok:0:d-1",
+      "model:scripted-v1:ok:0:d-1/answer",
+    ]);
+    assert.deepEqual(dagSpans.map((span) => [span.startedAt, span.endedAt]), [
+      [1_000, 1_200], [1_010, 1_060], [1_010, 1_060], [1_010, 1_040], [1_010, 1_040], [1_060, 1_200], [1_060, 1_200],
+    ]);
+    assert.deepEqual(dagSpans[0]!.tokens, { input: 250, output: 50 });
+    assert.equal(dagSpans[6]!.outputDigest, "可以发货，运费 12 元");
+
+    // npm run trace 运行的就是这个入口：对同一份日志打印同一棵树（这里跑编译好的副本）。
+    const { stdout } = await promisify(execFile)(process.execPath, [path.join(PACKAGE_DIR, "dist", "src", "orchestration", "trace-cli.js"), file], {
+      cwd: dir,
+      env: { ...process.env, INIT_CWD: dir },
+    });
+    assert.ok(stdout.includes(tree), stdout);
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+});
+
+test("Lab 23.4 · 重放：失败任务的日志写成 ScriptedModel 脚本与回放工具，在新存储里得到同一个失败、同一棵树，原日志不变", HANG_GUARD, async () => {
+  const dir = await tempDir();
+  try {
+    const file = path.join(dir, "tasks.log");
+    const store = await TaskStore.open(file);
+    const clock = manualClock();
+    const model = new RequestModel((context) => {
+      clock.advance(100);
+      const results = toolResultsOf(context);
+      if (results.length === 0) return assistantMessage([call("c1", "lookup", { account: "acct-Z" })], "toolUse", { usage: { input: 80, output: 12, totalTokens: 92 } });
+      return { stopReason: "error", errorMessage: "upstream 503" };
+    });
+    const runtime = new TaskRuntime({ store, model, tools: [lookupTool()], clock: clock.now, sleep: async (ms) => clock.advance(ms), hooks: retryHook(1) });
+    await runtime.submit({ id: "z", input: "查询账户 acct-Z", type: "lookup" });
+    const failed = await runtime.run("z");
+    assert.equal(failed.state, "failed");
+    await store.close();
+    const before = await readFile(file);
+
+    const [record] = await readTaskLog(file);
+    assert.ok(record !== undefined);
+    const replayStore = await TaskStore.open(path.join(dir, "replay.log"));
+    const replayClock = manualClock();
+    try {
+      const replay = await replayTask(record, {
+        store: replayStore,
+        clock: replayClock.now,
+        sleep: async (ms) => replayClock.advance(ms),
+        hooks: retryHook(1),
+      });
+      assert.equal(replay.snapshot.state, "failed");
+      assert.equal(replay.snapshot.context.outcome, failed.context.outcome);
+      assert.equal(replay.model.requests.length, 3, "一次成功、一次失败后重试、一次最终失败");
+      const original = buildSpanTree(record);
+      const replayed = buildSpanTree(replay.record);
+      assert.deepEqual(shape(replayed), shape(original));
+      assert.deepEqual(
+        replayed.map((span) => [span.tokens, span.inputDigest, span.outputDigest]),
+        original.map((span) => [span.tokens, span.inputDigest, span.outputDigest]),
+      );
+      assert.deepEqual(shape(original), [
+        "task:lookup:error:1:-",
+        "model:scripted-v1:ok:0:z",
+        "tool:lookup:ok:0:z",
+        "model:scripted-v1:error:0:z",
+        "model:scripted-v1:error:1:z",
+      ]);
+    } finally {
+      await replayStore.close();
+    }
+    assert.deepEqual(await readFile(file), before, "重放只写新的存储");
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+});
+
+test("Lab 23.4 · 指标：成功率、按类型的平均成本、P95 端到端时延（最近秩）与人工介入率都从日志算出，表格稳定", HANG_GUARD, async () => {
+  assert.equal(percentile([5], 0.95), 5);
+  assert.equal(percentile([], 0.95), null);
+  assert.equal(percentile(Array.from({ length: 20 }, (_, index) => 20 - index), 0.95), 19, "⌈0.95 × 20⌉ = 第 19 个");
+  assert.equal(percentile(Array.from({ length: 21 }, (_, index) => index + 1), 0.95), 20, "⌈0.95 × 21⌉ = 第 20 个");
+
+  const dir = await tempDir();
+  const store = await TaskStore.open(path.join(dir, "tasks.log"), { fsync: false });
+  try {
+    const clock = manualClock(0);
+    // 输入里写明这个任务的结局与耗时：ok / fail / human，以及模型要“花”多少毫秒。
+    const model = new RequestModel((context) => {
+      const [, verdict, ms] = /(\w+) (\d+)/.exec(inputOf(context)) ?? [];
+      clock.advance(Number(ms));
+      if (verdict === "fail") return { stopReason: "error", errorMessage: "模型不可用" };
+      return assistantMessage([text("好")], "stop", { usage: { input: 1_000, output: 100, totalTokens: 1_100 } });
+    });
+    const runtime = new TaskRuntime({ store, model, clock: clock.now });
+    const plan: [string, string, number][] = [
+      ["q1", "ok", 100], ["q2", "ok", 200], ["q3", "ok", 300], ["q4", "fail", 400],
+      ["r1", "ok", 1_000], ["r2", "human", 2_000], ["r3", "ok", 3_000],
+    ];
+    // 一个接一个：提交后立刻运行，端到端时延就是模型花掉的那段时间。
+    for (const [id, verdict, ms] of plan) {
+      await runtime.submit({ id, input: `${verdict} ${ms}`, type: id.startsWith("q") ? "query" : "report" });
+      await runtime.run(id);
+    }
+    const records: TaskRecord[] = store.tasks().map((snapshot) => ({ snapshot, events: store.events(snapshot.taskId) }));
+    const metrics = computeMetrics(records, { isHumanIntervention: (record) => record.snapshot.context.input.startsWith("human") });
+    assert.equal(metrics.submitted, 7);
+    assert.equal(metrics.completed, 6);
+    assert.equal(metrics.failed, 1);
+    assert.equal(metrics.successRate, 6 / 7);
+    assert.equal(metrics.p95LatencyMs, 3_000);
+    assert.equal(metrics.latencySamples, 7);
+    assert.equal(metrics.humanIntervened, 1);
+    assert.equal(metrics.humanInterventionRate, 1 / 7);
+    const price = DEFAULT_PRICES["scripted-v1"]!;
+    const one = (1_000 * price.inputPerMillion + 100 * price.outputPerMillion) / 1_000_000;
+    assert.deepEqual(Object.keys(metrics.costByType), ["query", "report"]);
+    assert.equal(metrics.costByType.query!.tasks, 4);
+    assert.equal(metrics.costByType.query!.meanCostUsd, (3 * one) / 4);
+    assert.equal(metrics.costByType.report!.meanCostUsd, one);
+    assert.equal(metrics.costByType.report!.meanTokens, 1_100);
+
+    const table = formatMetricsTable(metrics);
+    assert.match(table, /任务成功率\s+85\.7 %（6\/7）\s+≥ 90\.0 %\s+越线/);
+    assert.match(table, /端到端时延 P95\s+3000 ms（7 个样本）/);
+    assert.match(table, /人工介入率\s+14\.3 %（1\/7）\s+≤ 3\.0 %\s+越线/);
+    assert.equal(formatMetricsTable(computeMetrics(records, { isHumanIntervention: (record) => record.snapshot.context.input.startsWith("human") })), table, "同一份日志，同一张表");
+  } finally {
+    await store.close();
+    await rm(dir, { recursive: true, force: true });
+  }
+});
+
