@@ -1,8 +1,9 @@
 // `npm run demo -w @pi/course -- orchestration [日志文件]`：第 23 章的观测演示。
 //
-// 五个任务交给调度器（并发上限 2），跑在第 21 章的运行时与第 22 章的重试钩子上，全部写进同一份任务日志；
-// 然后只读这份日志，画出两棵执行树（失败的任务、转过人工的任务）和四个指标的小表。
-// 每个任务有自己的运行时实例与手动时钟（它们共用一个存储）：并发交错不会改变任何一棵树上的时间，输出每次都一样。
+// 五个任务交给调度器（并发上限 2），经过路由分到三种执行器：订单状态查询走固定 DAG，报表走规划-执行，
+// 开放式的查询走 ReAct 循环（第 21 章的运行时 + 第 22 章的重试钩子）。五个任务写进同一份任务日志；
+// 然后只读这份日志，画出执行树（DAG 任务、失败的任务、带密钥的输入）和四个指标的小表。
+// 每个任务有自己的一套运行时、编排器与手动时钟（它们共用一个存储）：并发交错不会改变任何一棵树上的时间，输出每次都一样。
 // 不给日志文件时，日志写在临时目录里、结束时删除；给了（相对于你敲命令的目录）就留下它，
 // 接着可以用 npm run trace -w @pi/course -- <同一个文件> 看全部五棵树。文件已存在时不覆盖。
 
@@ -12,7 +13,10 @@ import os from "node:os";
 import path from "node:path";
 import { AssistantMessageEventStream } from "../event-stream.js";
 import { createRetryHooks } from "../guardrails/retry-policy.js";
+import { DagExecutor, modelNode, toolNode } from "../orchestration/dag-executor.js";
 import { computeMetrics, formatMetricsTable } from "../orchestration/metrics.js";
+import { PlanExecuteExecutor } from "../orchestration/plan-execute.js";
+import { Orchestrator, ReactExecutor, TaskRouter } from "../orchestration/router.js";
 import { TaskScheduler, type TaskRunner } from "../orchestration/scheduler.js";
 import { buildSpanTree, formatSpanTree, readTaskLog } from "../orchestration/spans.js";
 import { ScriptedModel, type ScriptedTurn } from "../scripted-model.js";
@@ -20,67 +24,107 @@ import { TaskRuntime } from "../task-runtime/task-runner.js";
 import type { TaskSnapshot } from "../task-runtime/task-state.js";
 import { TaskStore } from "../task-runtime/task-store.js";
 import { objectSchema, stringValue, ToolRegistry, type Tool } from "../tool.js";
-import { assistantMessage, text, textOf, type AgentContext, type Model, type ModelStreamOptions } from "../types.js";
+import {
+  assistantMessage,
+  text,
+  textOf,
+  type AgentContext,
+  type AssistantMessage,
+  type Model,
+  type ModelStreamOptions,
+} from "../types.js";
 
-/** 每个任务的剧本：查哪些订单，第几次请求被限流几次，哪个订单的查询会失败。 */
+/** 每个任务的剧本：类型决定路线；限流从第几次请求开始、连续几次；哪个订单的查询会失败。 */
 interface Script {
   readonly id: string;
-  readonly type: "query" | "report";
+  readonly type: "status_query" | "open_ended" | "report";
   readonly input: string;
-  readonly orders: readonly string[];
   readonly rateLimited?: { readonly from: number; readonly times: number };
   readonly brokenOrder?: string;
 }
 
 const SCRIPTS: readonly Script[] = Object.freeze([
-  Object.freeze({ id: "q-1", type: "query", input: "查询订单 ORD-1001 的物流（凭据 api_key=sk-demo-7f3a9c2e5b1d4f6a8c0e）", orders: Object.freeze(["ORD-1001"]) }),
-  Object.freeze({ id: "q-2", type: "query", input: "查询订单 ORD-1002 的物流", orders: Object.freeze(["ORD-1002"]), rateLimited: Object.freeze({ from: 0, times: 1 }) }),
-  Object.freeze({ id: "r-1", type: "report", input: "汇总订单 ORD-2001、ORD-2002 的物流", orders: Object.freeze(["ORD-2001", "ORD-2002"]) }),
-  Object.freeze({ id: "r-2", type: "report", input: "汇总订单 ORD-3001、ORD-3002 的物流", orders: Object.freeze(["ORD-3001", "ORD-3002"]), brokenOrder: "ORD-3002" }),
-  Object.freeze({ id: "r-3", type: "report", input: "汇总订单 ORD-4001 的物流", orders: Object.freeze(["ORD-4001"]), rateLimited: Object.freeze({ from: 1, times: 4 }) }),
+  Object.freeze({ id: "s-1", type: "status_query", input: "我的订单 ORD-7 到哪了？" }),
+  Object.freeze({
+    id: "q-1",
+    type: "open_ended",
+    input: "查一下订单 ORD-8 的物流（凭据 api_key=sk-demo-7f3a9c2e5b1d4f6a8c0e）",
+    rateLimited: Object.freeze({ from: 0, times: 1 }),
+  }),
+  Object.freeze({ id: "p-1", type: "report", input: "对比 11 月和 10 月的销售额" }),
+  Object.freeze({ id: "r-2", type: "open_ended", input: "查一下订单 ORD-9 的物流", brokenOrder: "ORD-9" }),
+  Object.freeze({ id: "r-3", type: "open_ended", input: "查一下订单 ORD-4 的物流", rateLimited: Object.freeze({ from: 1, times: 4 }) }),
 ] satisfies Script[]);
+
+const ORDERS: Readonly<Record<string, string>> = Object.freeze({ "ORD-7": "SF100", "ORD-8": "SF200", "ORD-9": "SF300", "ORD-4": "SF400" });
 
 function manualClock(): { now: () => number; advance(ms: number): void } {
   let current = 0;
   return { now: () => current, advance: (ms) => void (current += ms) };
 }
 
-/** 无状态的模型：回复只由这一次请求的对话决定；requests 与 clock 是这个任务自己的。 */
+function usage(input: number, output: number): Partial<AssistantMessage> {
+  return { usage: { input, output, totalTokens: input + output }, timestamp: 0 };
+}
+
+function call(id: string, name: string, args: Record<string, string>): AssistantMessage {
+  return assistantMessage([{ type: "toolCall", id, name, arguments: args }], "toolUse", usage(380, 32));
+}
+
+/** 这个任务的模型看见一次请求，决定怎么回答：只由请求里的消息决定（再加上这个任务自己的请求计数，用来注入限流）。 */
+function respond(script: Script, request: AgentContext, attempt: number): ScriptedTurn {
+  const limited = script.rateLimited;
+  if (limited !== undefined && attempt >= limited.from && attempt < limited.from + limited.times) {
+    return { stopReason: "error", errorMessage: "HTTP 429 rate limit（Authorization: Bearer demo-token-123）" };
+  }
+  const system = request.messages.find((message) => message.role === "system");
+  const systemText = system === undefined ? "" : textOf(system);
+  const lastUser = [...request.messages].reverse().find((message) => message.role === "user");
+  const asked = lastUser === undefined ? "" : textOf(lastUser);
+  // 规划-执行的三种请求：写计划、修订、作答。
+  if (systemText.startsWith("先规划")) {
+    const plan = {
+      goal: "对比两个月的销售额",
+      steps: [
+        { id: "s1", tool: "sales", arguments: { month: "2025-11" }, purpose: "11 月销售额" },
+        { id: "s2", tool: "sales", arguments: { month: "2025-10" }, purpose: "10 月销售额" },
+      ],
+    };
+    return assistantMessage([text(JSON.stringify(plan))], "stop", usage(520, 90));
+  }
+  if (systemText.startsWith("你在执行一份计划")) {
+    const steps = [{ id: "s3", tool: "sales_archive", arguments: { month: "2025-10" }, purpose: "10 月的数据已经归档" }];
+    return assistantMessage([text(JSON.stringify({ steps }))], "stop", usage(610, 70));
+  }
+  if (systemText.startsWith("计划已经执行完毕")) {
+    return assistantMessage([text("11 月销售额 1204 万，比 10 月的 1088 万高 10.7 %。")], "stop", usage(480, 40));
+  }
+  // DAG 的回答节点：一次模型调用，提示里已经有三个节点的输出。
+  if (asked.startsWith("用一句话回答用户")) {
+    return assistantMessage([text("ORD-7 已发货，运单 SF100 在杭州转运中心，没有未结的工单。")], "stop", usage(300, 36));
+  }
+  // ReAct：先查订单，再查物流，最后作答；工具失败就如实说明。
+  const results = request.messages.filter((message) => message.role === "toolResult");
+  const last = results[results.length - 1];
+  const order = /ORD-\d+/.exec(script.input)?.[0] ?? "ORD-0";
+  if (last?.role === "toolResult" && last.isError) {
+    return assistantMessage([text(`没有查到 ${order}：${textOf(last)}。已请人工核对。`)], "stop", usage(460, 30));
+  }
+  if (results.length === 0) return call(`${script.id}-1`, "query_order", { orderId: order });
+  if (results.length === 1) return call(`${script.id}-2`, "query_logistics", { tracking: ORDERS[order] ?? "?" });
+  return assistantMessage([text(results.map((message) => textOf(message)).join("；"))], "stop", usage(540, 48));
+}
+
+/** 无状态的模型外壳：每次请求用一个新的 ScriptedModel 播放一轮，时钟只由这个任务自己的调用推动。 */
 function demoModel(script: Script, clock: { advance(ms: number): void }): Model {
   let requests = 0;
   return {
     stream(context: AgentContext, options: ModelStreamOptions = {}) {
-      const outer = new AssistantMessageEventStream();
       const request = structuredClone(context);
-      const attempt = requests;
+      const turn = respond(script, request, requests);
       requests += 1;
-      const results = request.messages.filter((message) => message.role === "toolResult");
-      const last = results[results.length - 1];
-      let turn: ScriptedTurn;
-      const limited = script.rateLimited;
-      if (limited !== undefined && attempt >= limited.from && attempt < limited.from + limited.times) {
-        clock.advance(40);
-        turn = { stopReason: "error", errorMessage: "HTTP 429 rate limit（Authorization: Bearer demo-token-123）" };
-      } else if (last?.role === "toolResult" && last.isError) {
-        clock.advance(90);
-        turn = assistantMessage([text(`${script.orders.join("、")} 的物流只查到一部分：${textOf(last)}，已交给人工核对。`)], "stop", {
-          usage: { input: 640, output: 48, totalTokens: 688 },
-          timestamp: 0,
-        });
-      } else if (results.length < script.orders.length) {
-        clock.advance(120);
-        const order = script.orders[results.length]!;
-        turn = assistantMessage([{ type: "toolCall", id: `${script.id}-call-${results.length + 1}`, name: "lookup_order", arguments: { order } }], "toolUse", {
-          usage: { input: 420 + 60 * results.length, output: 36, totalTokens: 456 + 60 * results.length },
-          timestamp: 0,
-        });
-      } else {
-        clock.advance(150);
-        turn = assistantMessage([text(results.map((message) => textOf(message)).join("；"))], "stop", {
-          usage: { input: 560 + 60 * results.length, output: 64, totalTokens: 624 + 60 * results.length },
-          timestamp: 0,
-        });
-      }
+      clock.advance("role" in turn ? 120 : 40);
+      const outer = new AssistantMessageEventStream();
       void (async () => {
         const inner = new ScriptedModel([turn]).stream(request, options);
         for await (const event of inner) outer.push(event);
@@ -91,18 +135,78 @@ function demoModel(script: Script, clock: { advance(ms: number): void }): Model 
   };
 }
 
-function lookupTool(script: Script, clock: { advance(ms: number): void }): Tool<{ order: string }> {
-  return {
-    name: "lookup_order",
-    description: "查询一个订单的物流状态",
+function demoTools(script: Script, clock: { advance(ms: number): void }): Tool[] {
+  const tool = (name: string, description: string, field: string, answer: (value: string) => string): Tool => ({
+    name,
+    description,
     permission: "read",
-    schema: objectSchema({ order: stringValue }),
-    async execute({ order }) {
+    schema: objectSchema({ [field]: stringValue }),
+    async execute(parameters) {
       clock.advance(30);
-      if (order === script.brokenOrder) throw new Error(`物流系统拒绝了 ${order} 的查询`);
-      return { content: [text(`${order} 已到达${order.endsWith("1") ? "杭州转运中心" : "上海分拨站"}`)] };
+      return { content: [text(answer((parameters as Record<string, string>)[field]!))] };
     },
-  };
+  });
+  return [
+    tool("query_order", "按订单号查询订单状态", "orderId", (orderId) => {
+      if (orderId === script.brokenOrder) throw new Error(`订单系统拒绝了 ${orderId} 的查询`);
+      return `${orderId} 已发货，运单号 ${ORDERS[orderId] ?? "?"}`;
+    }),
+    tool("query_logistics", "按运单号查询物流", "tracking", (tracking) => `${tracking} 在杭州转运中心`),
+    tool("query_tickets", "查询订单的售后工单", "orderId", (orderId) => `${orderId} 没有未结的工单`),
+    tool("sales", "查询一个月的销售额（只有当季数据）", "month", (month) => {
+      if (month !== "2025-11") throw new Error(`${month} 的数据不在当季库里`);
+      return `${month} 销售额 1204 万`;
+    }),
+    tool("sales_archive", "查询归档月份的销售额", "month", (month) => `${month} 销售额 1088 万`),
+  ];
+}
+
+/** 一个任务的整套：运行时（重试钩子）、三种执行器、路由、编排器，共用同一个存储，各用各的时钟。 */
+function orchestratorFor(script: Script, store: TaskStore): Orchestrator {
+  const clock = manualClock();
+  const model = demoModel(script, clock);
+  const tools = new ToolRegistry(demoTools(script, clock));
+  const runtime = new TaskRuntime({ store, model, tools, clock: clock.now, sleep: async (ms) => clock.advance(ms), hooks: [createRetryHooks({ tools })] });
+  const orderOf = (input: string): string => /ORD-\d+/.exec(input)?.[0] ?? "ORD-0";
+  const status = new DagExecutor({
+    name: "status-query",
+    model,
+    tools,
+    output: "answer",
+    nodes: [
+      toolNode("order", { tool: "query_order", arguments: (context) => ({ orderId: orderOf(context.task.input) }) }),
+      toolNode("tickets", { tool: "query_tickets", arguments: (context) => ({ orderId: orderOf(context.task.input) }) }),
+      toolNode("logistics", {
+        tool: "query_logistics",
+        dependsOn: ["order"],
+        arguments: (context) => ({ tracking: /运单号 (\S+)/.exec(String(context.inputs.order))?.[1] ?? "?" }),
+      }),
+      modelNode("answer", {
+        dependsOn: ["order", "logistics", "tickets"],
+        prompt: (context) => `用一句话回答用户：${context.task.input}\n${Object.values(context.inputs).join("\n")}`,
+      }),
+    ],
+  });
+  const router = new TaskRouter({
+    routes: {
+      "status-query": { kind: "dag", description: "订单状态查询，路径固定" },
+      report: { kind: "plan-execute", description: "需要几步数据再汇总的报表" },
+      react: { kind: "react", description: "开放式任务" },
+    },
+    rules: { status_query: "status-query", report: "report", open_ended: "react" },
+    chooser: model,
+    fallback: "react",
+  });
+  return new Orchestrator({
+    router,
+    runtime,
+    clock: clock.now,
+    executors: {
+      "status-query": status,
+      report: new PlanExecuteExecutor({ name: "report", model, tools }),
+      react: new ReactExecutor({ runtime }),
+    },
+  });
 }
 
 export async function main(args: readonly string[] = []): Promise<void> {
@@ -122,25 +226,16 @@ export async function main(args: readonly string[] = []): Promise<void> {
   const file = keptFile ?? path.join(scratch, "tasks.log");
   try {
     const store = await TaskStore.open(file);
-    // 每个任务自己的运行时与时钟，放在以 task id 为键的表里；调度器只传 id。
-    const runtimes = new Map<string, TaskRuntime>();
+    // 每个任务一套编排器，放在以 task id 为键的表里；调度器只传 id。
+    const orchestrators = new Map<string, Orchestrator>();
     for (const script of SCRIPTS) {
-      const clock = manualClock();
-      const tools = new ToolRegistry([lookupTool(script, clock)]);
-      const runtime = new TaskRuntime({
-        store,
-        model: demoModel(script, clock),
-        tools,
-        clock: clock.now,
-        sleep: async (ms) => clock.advance(ms),
-        hooks: [createRetryHooks({ tools })],
-      });
-      runtimes.set(script.id, runtime);
-      await runtime.submit({ id: script.id, input: script.input, type: script.type });
+      const orchestrator = orchestratorFor(script, store);
+      orchestrators.set(script.id, orchestrator);
+      await orchestrator.submit({ id: script.id, input: script.input, type: script.type });
     }
     const runner: TaskRunner = {
-      run: (taskId, options) => runtimes.get(taskId)!.run(taskId, options),
-      cancel: (taskId, reason) => runtimes.get(taskId)!.cancel(taskId, reason),
+      run: (taskId, options) => orchestrators.get(taskId)!.run(taskId, options),
+      cancel: (taskId, reason) => orchestrators.get(taskId)!.cancel(taskId, reason),
     };
     const scheduler = new TaskScheduler({ runner, concurrency: 2 });
     const finished = await Promise.all(
@@ -154,7 +249,7 @@ export async function main(args: readonly string[] = []): Promise<void> {
     await store.close();
 
     console.log("=== 第 23 章 · 编排、隔离、观测：一份任务日志里的执行树与四个指标 ===");
-    console.log(`${SCRIPTS.length} 个任务交给调度器（并发上限 2），并发峰值 ${scheduler.stats.peakRunning}；全部写进同一份任务日志。`);
+    console.log(`${SCRIPTS.length} 个任务交给调度器（并发上限 2，并发峰值 ${scheduler.stats.peakRunning}），路由到 DAG、规划-执行与 ReAct，全部写进同一份任务日志。`);
     console.log(
       `结局：${finished
         .map(({ first, final }: { first: TaskSnapshot; final: TaskSnapshot }) =>
@@ -164,16 +259,16 @@ export async function main(args: readonly string[] = []): Promise<void> {
     );
 
     const records = await readTaskLog(file);
-    const recordOf = (id: string) => records.find((record) => record.snapshot.taskId === id)!;
+    const tree = (id: string): string => formatSpanTree(buildSpanTree(records.find((record) => record.snapshot.taskId === id)!));
     console.log("");
-    console.log("--- 失败的任务 r-3：限流四次，重试三次（等 1 s、2 s、4 s）之后放弃 ---");
-    console.log(formatSpanTree(buildSpanTree(recordOf("r-3"))));
+    console.log("--- s-1 走固定 DAG：order 与 tickets 并行，logistics 等 order，answer 只调用一次模型 ---");
+    console.log(tree("s-1"));
     console.log("");
-    console.log("--- 转过人工的任务 r-2：第二次查询失败，任务停下等人，放行后如实作答 ---");
-    console.log(formatSpanTree(buildSpanTree(recordOf("r-2"))));
+    console.log("--- r-3 失败了：查到订单之后连续被限流四次，重试三次（等 1 s、2 s、4 s）之后放弃 ---");
+    console.log(tree("r-3"));
     console.log("");
     console.log("--- q-1 的输入里有一个密钥：摘要里只剩 [redacted] ---");
-    console.log(formatSpanTree(buildSpanTree(recordOf("q-1"))).split("\n").slice(0, 3).join("\n"));
+    console.log(tree("q-1").split("\n").slice(0, 3).join("\n"));
     console.log("");
     console.log("--- 四个指标（从同一份日志算出） ---");
     console.log(formatMetricsTable(computeMetrics(records)));

@@ -414,8 +414,9 @@ function groupNested(taskId: string, nodes: readonly (string | undefined)[], chi
       endedAt: Math.max(...members.map((member) => member.endedAt ?? member.startedAt)),
       status: worst,
       retries: members.reduce((sum, member) => sum + member.retries, 0),
-      tokens,
     };
+    // 只有工具调用的节点没有 token：不写这个字段，免得树上到处是 0/0。
+    if (members.some((member) => member.tokens !== undefined)) nested.tokens = tokens;
     if (cost !== undefined) nested.costUsd = cost;
     out.push(nested, ...members);
   }
