@@ -1,7 +1,8 @@
-// npm run bench [-- --chapter NN] [--runs N] [--practice-runs N] [--saves N] [--no-verify] [--stream-only]
+// npm run bench [-- --chapter NN] [--runs N] [--practice-runs N] [--saves N] [--no-verify] [--no-load] [--stream-only]
 // Measures what a learner waits for, as wall time of the whole command: the lab loop (edit a teaching file → run
 // `lab N.1` → verdict), the warm loop (`lab N.1 --watch` running; save a teaching file → the verdict line),
-// creating a practice folder (without npm install), and `npm run verify` over all checkpoints.
+// creating a practice folder (without npm install), `npm run verify` over all checkpoints, and chapter 23's load test
+// (500 tasks through the scheduler; the test prints its own wall time, which is the figure compared with the target).
 // Commands are timed through npm as the learner types them and as `node scripts/launch.js …` (npm's own start-up
 // apart). Prints the medians against the targets and a breakdown of where the lab loop's time goes. Not a test.
 // First of all it runs scripts/bench-stream.ts (chapter 05's streaming assembly, 1/2/4 MB of deltas, time per MB);
@@ -19,9 +20,9 @@ import { compiledTest } from "./model/tests.js";
 import { linkNodeModules, makeTempDir } from "./model/trees.js";
 import { atExit, removeOnExit } from "./model/cleanup.js";
 
-const USAGE = "用法：npm run bench [-- --chapter NN] [--runs N] [--practice-runs N] [--saves N] [--no-verify] [--stream-only]";
+const USAGE = "用法：npm run bench [-- --chapter NN] [--runs N] [--practice-runs N] [--saves N] [--no-verify] [--no-load] [--stream-only]";
 /** Seconds. verify: 5 min for the course's 24 checkpoints. */
-const TARGETS = { lab: 0.8, watch: 0.2, practice: 1, verify: 300 };
+const TARGETS = { lab: 0.8, watch: 0.2, practice: 1, verify: 300, load: 30 };
 const VERIFY_TARGET_CHAPTERS = 24;
 
 interface Timed { seconds: number; code: number | null; stdout: string; stderr: string }
@@ -132,6 +133,7 @@ async function watchLoop(folder: string, teaching: string, lab: string, saves: n
 
 await main(async (args) => {
   const withVerify = !takeFlag(args, "--no-verify");
+  const withLoad = !takeFlag(args, "--no-load");
   const streamOnly = takeFlag(args, "--stream-only");
   const chapterArg = takeOption(args, "--chapter") ?? "13";
   const runs = positive(takeOption(args, "--runs"), "--runs", 5, 5);
@@ -246,6 +248,19 @@ await main(async (args) => {
       if (result.code !== 0) console.log(`   verify 的结论：${result.stdout.trim().split("\n").pop() ?? ""}`);
     }
 
+    // ⑤ 第 23 章的负载测试跑一次：它自己量墙钟时间（从同时提交到全部结束，不含进程与 tsx 的启动）并打印在诊断里。
+    let loadSeconds = Number.NaN;
+    let loadNote = "未测（去掉 --no-load）";
+    const loadTest = path.join(ROOT, "test", "task-load.test.ts");
+    if (withLoad && fs.existsSync(loadTest)) {
+      console.log("⑤ 负载测试：500 个任务同时交给调度器（test/task-load.test.ts，一次）…");
+      const result = await timed(node, ["--import", "tsx", "--test", loadTest], ROOT);
+      const wall = /墙钟时间 ([\d.]+) s/.exec(result.stdout);
+      loadSeconds = wall === null ? Number.NaN : Number(wall[1]);
+      const memory = /峰值内存：(.+)$/m.exec(result.stdout)?.[1]?.trim();
+      loadNote = result.code === 0 ? `${seconds(loadSeconds)}（整个进程 ${seconds(result.seconds)}${memory ? `；${memory}` : ""}）` : `测试失败（退出码 ${result.code}）`;
+    }
+
     const verifyTarget = (TARGETS.verify * checkpoints.length) / VERIFY_TARGET_CHAPTERS;
     const met = (value: number, target: number): string => (Number.isNaN(value) ? "—" : value <= target ? "是" : "否");
     const row = (label: string, values: number[], target: number): string[] =>
@@ -262,6 +277,7 @@ await main(async (args) => {
         withVerify ? `${seconds(verifySeconds)}${verifyCode === 0 ? "" : `（退出码 ${verifyCode}）`}` : "未测（去掉 --no-verify）",
         `≤ ${seconds(verifyTarget)}（${VERIFY_TARGET_CHAPTERS} 章 ${TARGETS.verify / 60} min 折算）`,
         withVerify && verifyCode !== 0 ? `${met(verifySeconds, verifyTarget)}（verify 本身未通过）` : met(verifySeconds, verifyTarget)],
+      ["负载测试：500 个任务、并发上限 50（test/task-load.test.ts 自报的墙钟时间）", loadNote, `≤ ${TARGETS.load} s`, met(loadSeconds, TARGETS.load)],
     ];
     console.log(`\n结果（lab 循环 ${runs} 次、lab --watch ${saves} 次保存、创建练习目录 ${practiceRuns} 次的中位数，墙钟时间）：\n`);
     console.log(table(rows));
@@ -289,7 +305,8 @@ await main(async (args) => {
     console.log("\n时间花在哪里（lab 循环，node scripts/launch.js 直接运行）：\n");
     console.log(table(breakdown));
     const missed = [...Object.values(labTimes).map((values) => median(values) > TARGETS.lab), median(watch.seconds) > TARGETS.watch,
-      median(practiceNpm) > TARGETS.practice, median(practiceDirect) > TARGETS.practice, verifySeconds > verifyTarget].some(Boolean);
+      median(practiceNpm) > TARGETS.practice, median(practiceDirect) > TARGETS.practice, verifySeconds > verifyTarget,
+      loadSeconds > TARGETS.load].some(Boolean);
     console.log(`\n结束时负载 ${os.loadavg().map((l) => l.toFixed(1)).join(" / ")}（${os.cpus().length} 核）。`);
     console.log(missed
       ? "\n有目标没有达到：看上面的分解找出最大的一段（机器负载高时所有数字都会偏大，负载见开头）。"
