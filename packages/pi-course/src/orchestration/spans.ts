@@ -237,7 +237,7 @@ export function buildSpanTree(record: TaskRecord, options: SpanOptions = {}): Sp
   const extras = (step: TaskStep): StepExtras => more.get(step.stepId) ?? {};
   const created = events.find((event) => event.event === "created") ?? events[0];
   const ended = events.find((event) => isTerminal(event.to));
-  const lastModelStep = [...steps].reverse().find((step) => step.type === "model_call");
+  const lastModelStep = [...steps].reverse().find((step) => step.type === "model_call" && more.get(step.stepId)?.node === undefined);
 
   const root: Span = {
     id: taskId,
@@ -283,20 +283,22 @@ export function buildSpanTree(record: TaskRecord, options: SpanOptions = {}): Sp
     if (step.type === "model_call") {
       const modelStep = step as ModelStep;
       const failed = failedReply(modelStep.stopReason);
+      // 编排器节点里的调用（DAG 节点、计划步骤）不在任务的对话里：输入输出只来自它的调用记录，也没有“重试”这回事。
+      const inNode = extras(step).node !== undefined;
       // 失败后被重试的回复不进对话；只有最后一次模型调用失败（任务随之失败）时，那条失败回复才留在 messages 里。
       const kept = !failed || modelStep === lastModelStep;
       // 这一次调用看见的对话：到下一条 assistant 回复为止（没有就是整段对话）。
       let viewEnd = messages.length;
-      for (let index = cursor; index < messages.length; index += 1) {
+      for (let index = cursor; index < messages.length && !inNode; index += 1) {
         if (isModelReply(messages, index)) {
           viewEnd = index;
           break;
         }
       }
-      const candidate = messages[viewEnd];
+      const candidate = inNode ? undefined : messages[viewEnd];
       const reply = kept && candidate?.role === "assistant" && candidate.stopReason === modelStep.stopReason ? candidate : undefined;
       if (reply !== undefined) cursor = viewEnd + 1;
-      const input = lastInputBefore(viewEnd);
+      const input = inNode ? undefined : lastInputBefore(viewEnd);
       const usage = extras(step).usage ?? (reply === undefined ? undefined : { input: reply.usage.input, output: reply.usage.output });
       const tokens: SpanTokens = usage ?? { input: modelStep.tokens, output: 0 };
       // 没留下回复的那几次（失败后被重试）借用同一个任务里最近一次回复的模型名。
@@ -322,7 +324,9 @@ export function buildSpanTree(record: TaskRecord, options: SpanOptions = {}): Sp
       else if (extras(step).output !== undefined) span.outputDigest = digest(extras(step).output!, options);
       else if (failed) span.outputDigest = digest(`错误: ${errorText ?? modelStep.stopReason}`, options);
       addTokens(total, tokens);
-      if (failed && !kept) {
+      if (inNode) {
+        // 节点里的失败就是节点的失败：树上看得见，但不算作重试。
+      } else if (failed && !kept) {
         retryChain += 1;
         root.retries += 1;
       } else {
