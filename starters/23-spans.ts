@@ -320,7 +320,11 @@ export interface ReplayResult {
   model: ScriptedModel;
 }
 
-/** 用日志里的脚本与记录的工具，在新的存储里把同一个任务（同一个 id、输入、类型、优先级、配额）再跑一遍。 */
+/**
+ * 用日志里的脚本与记录的工具，在新的存储里把同一个任务（同一个 id、输入、类型、优先级、配额）再跑一遍。
+ * 原任务停在 paused 之后被人放行过几次（resumed 事件），重放也放行几次。只重放经过 TaskRuntime 的任务（ReAct 路线）：
+ * 快照的 extensions.orchestration.route 说它走 DAG 或规划-执行时，抛出一个说明原因的错误。
+ */
 export async function replayTask(record: TaskRecord, options: ReplayOptions): Promise<ReplayResult> {
   void record;
   void options;

@@ -556,8 +556,22 @@ export interface ReplayResult {
   model: ScriptedModel;
 }
 
-/** 用日志里的脚本与记录的工具，在新的存储里把同一个任务（同一个 id、输入、类型、优先级、配额）再跑一遍。 */
+/** 日志里这个任务走的是不是编排器的 DAG 或规划-执行路线（它们的调用不经过 TaskRuntime，不能这样重放）。 */
+function orchestratedRoute(record: TaskRecord): string | undefined {
+  const orchestration = record.snapshot.context.extensions?.orchestration;
+  const route = isRecord(orchestration) && isRecord(orchestration.route) ? orchestration.route : undefined;
+  return route !== undefined && typeof route.kind === "string" && route.kind !== "react" ? route.kind : undefined;
+}
+
+/**
+ * 用日志里的脚本与记录的工具，在新的存储里把同一个任务（同一个 id、输入、类型、优先级、配额）再跑一遍。
+ * 原任务停在 paused 之后被人放行过几次（resumed 事件），重放也放行几次。只重放经过 TaskRuntime 的任务（ReAct 路线）。
+ */
 export async function replayTask(record: TaskRecord, options: ReplayOptions): Promise<ReplayResult> {
+  const route = orchestratedRoute(record);
+  if (route !== undefined) {
+    throw new Error(`任务 ${record.snapshot.taskId} 走的是 ${route} 路线：它的调用不经过 TaskRuntime，重放只支持 ReAct 路线的任务`);
+  }
   const { store, tools, ...rest } = options;
   const model = new ScriptedModel(scriptFromLog(record));
   const runtime = new TaskRuntime({ ...rest, store, model, tools: [...(tools ?? recordedTools(record))] });
@@ -569,6 +583,11 @@ export async function replayTask(record: TaskRecord, options: ReplayOptions): Pr
     ...(original.context.type === undefined ? {} : { type: original.context.type }),
     ...(original.context.tokenBudget === undefined ? {} : { tokenBudget: original.context.tokenBudget }),
   });
-  const snapshot = await runtime.run(original.taskId);
+  let snapshot = await runtime.run(original.taskId);
+  let resumes = record.events.filter((event) => event.event === "resumed").length;
+  while (snapshot.state === "paused" && resumes > 0) {
+    resumes -= 1;
+    snapshot = await runtime.run(original.taskId);
+  }
   return { snapshot, record: { snapshot: store.latest(original.taskId)!, events: store.events(original.taskId) }, model };
 }
