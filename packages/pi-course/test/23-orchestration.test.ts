@@ -1461,6 +1461,10 @@ test("Lab 23.4 · 重放：失败任务的日志写成 ScriptedModel 脚本与�
         "model:scripted-v1:error:0:z",
         "model:scripted-v1:error:1:z",
       ]);
+      // 走 DAG 或规划-执行路线的任务不经过 TaskRuntime：不能这样重放，而且要说清楚为什么。
+      const routed: TaskRecord = structuredClone(record);
+      routed.snapshot.context.extensions = { orchestration: { route: { executor: "status-query", kind: "dag", by: "rule", reason: "测试" }, calls: [] } };
+      await assert.rejects(replayTask(routed, { store: replayStore }), /dag 路线.*只支持 ReAct/);
     } finally {
       await replayStore.close();
     }
