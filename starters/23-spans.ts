@@ -132,6 +132,8 @@ type ToolStep = Extract<TaskStep, { type: "tool_call" }>;
  */
 interface StepExtras {
   startedAt?: number;
+  /** 第 22 章：同一次请求的第几次尝试（0 = 第一次）。 */
+  attempt?: number;
   usage?: SpanTokens;
   error?: string;
   model?: string;
@@ -150,6 +152,7 @@ function pickExtras(value: unknown): StepExtras {
   if (!isRecord(value)) return {};
   const picked: StepExtras = {};
   if (typeof value.startedAt === "number") picked.startedAt = value.startedAt;
+  if (typeof value.attempt === "number") picked.attempt = value.attempt;
   if (isRecord(value.usage) && typeof value.usage.input === "number" && typeof value.usage.output === "number") {
     picked.usage = { input: value.usage.input, output: value.usage.output };
   }

@@ -144,6 +144,8 @@ type ToolStep = Extract<TaskStep, { type: "tool_call" }>;
  */
 interface StepExtras {
   startedAt?: number;
+  /** 第 22 章：同一次请求的第几次尝试（0 = 第一次）。 */
+  attempt?: number;
   usage?: SpanTokens;
   error?: string;
   model?: string;
@@ -162,6 +164,7 @@ function pickExtras(value: unknown): StepExtras {
   if (!isRecord(value)) return {};
   const picked: StepExtras = {};
   if (typeof value.startedAt === "number") picked.startedAt = value.startedAt;
+  if (typeof value.attempt === "number") picked.attempt = value.attempt;
   if (isRecord(value.usage) && typeof value.usage.input === "number" && typeof value.usage.output === "number") {
     picked.usage = { input: value.usage.input, output: value.usage.output };
   }
@@ -309,7 +312,8 @@ export function buildSpanTree(record: TaskRecord, options: SpanOptions = {}): Sp
         kind: "model",
         name,
         status: failed ? (modelStep.stopReason === "aborted" ? "cancelled" : "error") : "ok",
-        retries: retryChain,
+        // 步骤自己记下了第几次尝试就用它；否则数同一个请求之前连续失败了几次。
+        retries: inNode ? 0 : extras(step).attempt ?? retryChain,
         tokens,
       };
       const spanCost = estimateCost(name, tokens, prices);
