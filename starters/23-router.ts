@@ -186,10 +186,17 @@ function trackerOver(sink: TrackerSink): CallTracker {
               output: cut(textOf(message)),
             };
             if (message.stopReason === "error" || message.stopReason === "aborted") call.error = message.errorMessage ?? message.stopReason;
-            await sink.record(
-              { stepId: step, type: "model_call", at, stopReason: message.stopReason, tokens: message.usage.totalTokens, toolCallIds },
-              call,
-            );
+            const recordStep: TaskStep = {
+              stepId: step,
+              type: "model_call",
+              at,
+              startedAt,
+              stopReason: message.stopReason,
+              tokens: message.usage.totalTokens,
+              toolCallIds,
+            };
+            if (call.error !== undefined) recordStep.error = call.error;
+            await sink.record(recordStep, call);
             return message;
           });
           return {
@@ -220,6 +227,7 @@ function trackerOver(sink: TrackerSink): CallTracker {
           stepId: step,
           type: "tool_call",
           at,
+          startedAt,
           tool: call.name,
           callId: call.id,
           idempotencyKey: key,

@@ -350,6 +350,7 @@ test("Lab 23.1 · 同一个查询：DAG 路径只调用一次模型，ReAct 循�
     });
     for (const step of dag.context.steps) {
       if (step.type === "tool_call") assert.equal(step.idempotencyKey, `dag#${step.stepId}`);
+      assert.ok(step.startedAt !== undefined && step.startedAt <= step.at, "DAG 的步骤和 ReAct 的一样记下开始时间");
     }
     assert.ok(keys.includes("dag#1") && keys.includes("loop#2"), "两条路径的工具都拿到任务 + 步骤的幂等键");
 
