@@ -127,6 +127,8 @@ interface TrackerSink {
   gate?(call: ToolCall): Promise<{ allow: true } | { allow: false; message: string }>;
   /** 单个工具调用最多等多久（毫秒），与 TaskRuntime 的 toolTimeoutMs 同义；省略表示不限。 */
   toolTimeoutMs?: number;
+  /** 每次模型请求发出之前调用（审计日志记下它，与 TaskRuntime 的 model_request 事件同形）。 */
+  requested?(step: number, context: AgentContext, at: number): void;
   taskId: string;
   clock(): number;
 }
@@ -169,6 +171,7 @@ function trackerOver(sink: TrackerSink): CallTracker {
           calls += 1;
           const step = sink.reserve();
           const startedAt = sink.clock();
+          sink.requested?.(step, context, startedAt);
           const stream = inner.stream(context, options);
           // 记录挂在 result() 上；调用方拿到结果时，计数已经更新，步骤正在落盘。
           const recorded = stream.result().then(async (message: AssistantMessage) => {
@@ -432,6 +435,7 @@ class TaskJournal {
     clock: () => number,
     gate: TrackerSink["gate"],
     toolTimeoutMs: number | undefined,
+    requested?: TrackerSink["requested"],
   ) {
     this.current = start;
     this.#commit = commit;
@@ -457,6 +461,7 @@ class TaskJournal {
     };
     if (gate !== undefined) sink.gate = gate;
     if (toolTimeoutMs !== undefined) sink.toolTimeoutMs = toolTimeoutMs;
+    if (requested !== undefined) sink.requested = requested;
     this.tracker = trackerOver(sink);
   }
 
@@ -586,15 +591,19 @@ export class Orchestrator {
       events: structuredClone(events),
     };
     if (step !== undefined) record.step = structuredClone(step);
+    this.#emit(record);
+    return snapshot;
+  };
+
+  #emit(event: TaskRuntimeEvent): void {
     for (const hook of this.#hooks) {
       try {
-        hook.onEvent?.(record);
+        hook.onEvent?.(event);
       } catch {
         // 观察者的错误属于观察者自己。
       }
     }
-    return snapshot;
-  };
+  }
 
   // <<< 已给出
   #require(taskId: string): TaskSnapshot {

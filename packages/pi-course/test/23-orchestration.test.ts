@@ -14,6 +14,7 @@ import { promisify } from "node:util";
 
 import { AssistantMessageEventStream } from "../src/event-stream.js";
 import { createBudgetHooks } from "../src/guardrails/budget.js";
+import { AuditLog, createAuditHooks, createPermissionHooks, PERMISSION_DENIED, readAuditLog } from "../src/guardrails/permissions.js";
 import { DagExecutor, type DagNode, InvalidDag, modelNode, runDag, toolNode, validateDag } from "../src/orchestration/dag-executor.js";
 import {
   createWorkingMemoryHooks,
@@ -308,10 +309,13 @@ test("Lab 23.1 · 同一个查询：DAG 路径只调用一次模型，ReAct 循�
       chooser,
       fallback: "react",
     });
+    // 第 22 章的审计日志挂在 Orchestrator 的钩子上：DAG 任务的每次请求、每次调用、每次迁移都写进去。
+    const audit = await AuditLog.open(path.join(dir, "audit.jsonl"));
     const orchestrator = new Orchestrator({
       router,
       runtime,
       clock: () => 1_000,
+      hooks: [createAuditHooks(audit)],
       executors: { "status-query": status, react: new ReactExecutor({ runtime }) },
     });
     const query = "我的订单 ORD-7 到哪了？";
@@ -353,6 +357,15 @@ test("Lab 23.1 · 同一个查询：DAG 路径只调用一次模型，ReAct 循�
       assert.ok(step.startedAt !== undefined && step.startedAt <= step.at, "DAG 的步骤和 ReAct 的一样记下开始时间");
     }
     assert.ok(keys.includes("dag#1") && keys.includes("loop#2"), "两条路径的工具都拿到任务 + 步骤的幂等键");
+
+    await audit.flush();
+    const audited = (await readAuditLog(audit.file)).filter((record) => record.taskId === "dag");
+    assert.deepEqual(
+      audited.map((record) => (record.kind === "transition" ? `transition:${record.event}` : record.kind)).sort(),
+      ["model_reply", "model_request", "tool_call", "tool_call", "tool_call", "transition:completed", "transition:started"],
+      "DAG 任务的审计记录和 ReAct 任务的同形",
+    );
+    await audit.close();
 
     // 规则没覆盖：路由模型的那次调用本身也是一个步骤（花的 token 记在这个任务上），之后照样走 DAG。
     const guessed = await orchestrator.run("guess");
@@ -397,6 +410,42 @@ test("Lab 23.1 · 同一个查询：DAG 路径只调用一次模型，ReAct 循�
     assert.match(timedOut.context.outcome ?? "", /stuck: Tool hang failed: 执行超过 5 毫秒，已经取消/);
     assert.equal(hungSawAbort, true, "超时会取消工具自己的 signal");
     assert.equal(timedOut.context.steps.filter((step) => step.type === "model_call").length, 0);
+
+    // 计划是模型写的：规划-执行发起的工具调用照样过第 22 章的权限闸门。delete 级别的工具永远不给模型，工具一次都不执行。
+    let deleted = 0;
+    const rowTools = new ToolRegistry([
+      { name: "read_rows", description: "读", permission: "read", schema: objectSchema({}), execute: async () => ({ content: [text("3 行")] }) },
+      {
+        name: "delete_rows",
+        description: "删",
+        permission: "delete",
+        schema: objectSchema({}),
+        execute: async () => {
+          deleted += 1;
+          return { content: [text("删掉了")] };
+        },
+      },
+    ] as Tool[]);
+    const planText = JSON.stringify({
+      goal: "清理",
+      steps: [
+        { id: "s1", tool: "read_rows", arguments: {} },
+        { id: "s2", tool: "delete_rows", arguments: {} },
+      ],
+    });
+    const guarded = new Orchestrator({
+      router: new TaskRouter({ routes: { plan: { kind: "plan-execute", description: "计划" } }, rules: { cleanup: "plan" }, chooser, fallback: "plan" }),
+      runtime,
+      hooks: [createPermissionHooks({ tools: rowTools, policy: {} })],
+      executors: { plan: new PlanExecuteExecutor({ name: "plan", model: new ScriptedModel([reply(planText), reply('{"keep":true}')]), tools: rowTools }) },
+    });
+    await guarded.submit({ id: "cleanup", input: "把旧数据删掉", type: "cleanup" });
+    const denied = await guarded.run("cleanup");
+    assert.equal(denied.state, "failed");
+    assert.equal(deleted, 0, "delete 级别的工具没有执行");
+    const deniedStep = denied.context.steps.find((step) => step.type === "tool_call" && step.tool === "delete_rows");
+    assert.ok(deniedStep !== undefined && deniedStep.type === "tool_call" && deniedStep.isError);
+    assert.match(deniedStep.result, new RegExp(PERMISSION_DENIED));
 
     // 日志是耐久的：重新打开，看到的是同样的快照。
     await store.close();
