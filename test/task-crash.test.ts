@@ -16,8 +16,14 @@ import { TaskStore } from "../packages/pi-course/src/task-runtime/task-store.js"
 
 const CHILD = path.join(REPO, "packages/pi-course/dist/test-support/task-crash-child.js");
 const KILLS = 50;
-/** 任务的笔数：大到 50 次击杀（每次最多放过 6 个 ack）都做不完它。 */
+/** 任务的笔数：200 笔要 405 次提交。 */
 const ENTRIES = 200;
+/**
+ * 每次运行最多确认 plan.acks + SLACK 次提交（子进程到了上限就停住、说 stalled）；再加上一次不需要模型和工具的迁移，
+ * 50 次击杀最多推进 50 × (4 + 2 + 1) = 350 次提交 < 405：任务在击杀阶段做不完，与机器快慢无关。
+ */
+const MAX_PLANNED_ACKS = 4;
+const SLACK = 2;
 const TASK = "crash-task";
 /** 单个子进程的上限：到点还没结束就算失败，整个测试因此有界。 */
 const CHILD_LIMIT_MS = 60_000;
@@ -41,13 +47,15 @@ interface ChildRun {
   repeats: string[];
   torn: number;
   done?: string;
+  stalled: boolean;
   signal: NodeJS.Signals | null;
   code: number | null;
   stderr: string;
 }
 
 /**
- * 启动一个子进程。killAfter 给出时：等它说 ready，再等 acks 个 ack，再等 delayMs，然后 SIGKILL。
+ * 启动一个子进程。killAfter 给出时：等它说 ready，再等 acks 个 ack，再等 delayMs，然后 SIGKILL；子进程先说
+ * stalled（到了本次的确认上限 acks + SLACK）就立刻 SIGKILL。
  * 子进程自己先结束（任务已经做完）也照常返回，由调用方判断。
  */
 function runChild(dir: string, killAfter?: { acks: number; delayMs: number }): Promise<ChildRun> {
@@ -55,12 +63,13 @@ function runChild(dir: string, killAfter?: { acks: number; delayMs: number }): P
     const env = { ...process.env };
     delete env.NODE_TEST_CONTEXT;
     delete env.NODE_OPTIONS;
-    const child = spawn(process.execPath, [CHILD, path.join(dir, "tasks.log"), path.join(dir, "ledger.tsv"), TASK, String(ENTRIES)], {
+    const cap = killAfter === undefined ? [] : [String(killAfter.acks + SLACK)];
+    const child = spawn(process.execPath, [CHILD, path.join(dir, "tasks.log"), path.join(dir, "ledger.tsv"), TASK, String(ENTRIES), ...cap], {
       cwd: dir,
       env,
       stdio: ["ignore", "pipe", "pipe"],
     });
-    const result: ChildRun = { acks: [], repeats: [], torn: 0, signal: null, code: null, stderr: "" };
+    const result: ChildRun = { acks: [], repeats: [], torn: 0, stalled: false, signal: null, code: null, stderr: "" };
     let ready = false;
     let armed = false;
     const limit = setTimeout(() => {
@@ -80,6 +89,10 @@ function runChild(dir: string, killAfter?: { acks: number; delayMs: number }): P
       else if (kind === "repeat") result.repeats.push(rest[0]!);
       else if (kind === "recovery") result.torn += (JSON.parse(rest.join(" ")) as { tornTail: unknown }).tornTail === null ? 0 : 1;
       else if (kind === "done") result.done = rest[0];
+      else if (kind === "stalled") {
+        result.stalled = true;
+        if (killAfter !== undefined && ready) child.kill("SIGKILL");
+      }
       arm();
     });
     child.on("error", reject);
@@ -108,13 +121,15 @@ test("第 21 章真崩溃：子进程在随机时刻被 SIGKILL 50 次，任务�
     let torn = 0;
     let restarts = 0;
     const killedAtAck: number[] = [];
+    let stalledRuns = 0;
     for (let kill = 1; kill <= KILLS; kill += 1) {
-      const plan = { acks: Math.floor(random() * 7), delayMs: Math.floor(random() * 4) };
+      const plan = { acks: Math.floor(random() * (MAX_PLANNED_ACKS + 1)), delayMs: Math.floor(random() * 4) };
       const run = await runChild(dir, plan);
       restarts += 1;
       assert.equal(run.done, undefined, `第 ${kill} 次击杀之前任务就做完了（种子 ${seed}）：ENTRIES 太小`);
       assert.equal(run.signal, "SIGKILL", `第 ${kill} 个子进程不是被 SIGKILL 结束的：code=${run.code} ${run.stderr}`);
       killedAtAck.push(run.acks.length);
+      if (run.stalled) stalledRuns += 1;
       acked += run.acks.length;
       repeats += run.repeats.length;
       torn += run.torn;
@@ -161,7 +176,7 @@ test("第 21 章真崩溃：子进程在随机时刻被 SIGKILL 50 次，任务�
     t.diagnostic(
       `crash figures: kills ${KILLS}, restarts ${restarts}, acked commits ${acked}, final seq ${store.seq}, ` +
         `replayed steps deduplicated ${repeats}, torn tails seen ${torn}, ` +
-        `kills right after ready ${killedAtAck.filter((n) => n === 0).length}, time ${seconds} s`,
+        `kills right after ready ${killedAtAck.filter((n) => n === 0).length}, kills at the per-run cap ${stalledRuns}, time ${seconds} s`,
     );
   } finally {
     await fs.remove(dir);

@@ -1,7 +1,9 @@
 // 崩溃测试的子进程（test/task-crash.test.ts 启动它，并在随机的时刻 SIGKILL 它）。
 //
-//   node dist/test-support/task-crash-child.js <存储文件> <账本文件> <任务 id> <笔数>
+//   node dist/test-support/task-crash-child.js <存储文件> <账本文件> <任务 id> <笔数> [<本次最多确认几次>]
 //
+// 给了第五个参数时，这一次运行确认过那么多次提交之后，模型和工具都不再返回（打印 stalled）：父进程的击杀来得
+// 再晚，一次运行推进的步数也有上限，50 次击杀做不完整个任务——这个上限不依赖机器有多快。
 // 它跑一个多步任务：模型每轮要一到两次 ledger_append，直到账本里记满 <笔数> 笔。工具把
 // “幂等键 TAB 条目”追加进账本文件；同一个键已经在账本里时什么都不写。每次启动都从存储恢复：
 // 任务还不存在就提交它，存在就从最新的快照接着做。
@@ -11,6 +13,7 @@
 //   recovery <JSON>              —— 打开存储时的恢复报告
 //   ack <seq> <version> <state>  —— 某次提交已经落盘（commit 的 Promise 已兑现）
 //   repeat <key>                 —— 重做的一步带着已经记过的键来了，账本没有再写
+//   stalled                      —— 到了本次的确认上限，之后什么都不再做，等父进程来杀
 //   done <state>                 —— 任务跑到了终态
 // 写管道在 Linux 上是同步的：父进程读到 ack，那一行在子进程被杀之前就已经写出。
 
@@ -26,9 +29,25 @@ function say(line: string): void {
 }
 
 /** 只看对话本身决定下一轮：已经有几条工具结果，就接着要下一两笔——重启之后同样的对话得到同样的回复。 */
-function ledgerModel(entries: number): Model {
+/** 到了本次运行的确认上限：说一声，然后永远不兑现（模型和工具都停在这里）。 */
+interface Gate { acks: number; limit?: number; stalled: boolean }
+
+function held(gate: Gate): Promise<never> | undefined {
+  if (gate.limit === undefined || gate.acks < gate.limit) return undefined;
+  if (!gate.stalled) {
+    say("stalled");
+    // Node 会在事件循环空了时退出；一个定时器让进程活着，直到父进程的 SIGKILL。
+    setInterval(() => {}, 60_000);
+  }
+  gate.stalled = true;
+  return new Promise<never>(() => {});
+}
+
+function ledgerModel(entries: number, gate: Gate): Model {
   return {
     stream(context: AgentContext): ModelStream {
+      // 到了上限：一个永远不结束的流（没有事件，result() 也不兑现）。
+      if (held(gate) !== undefined) return new AssistantMessageEventStream();
       const done = context.messages.filter((message) => message.role === "toolResult").length;
       const stream = new AssistantMessageEventStream();
       const usage = { input: 8, output: 2, totalTokens: 10 };
@@ -55,12 +74,14 @@ function ledgerModel(entries: number): Model {
 }
 
 /** 账本工具：键已经在账本里就不写；否则追加一行并 sync。 */
-function ledgerTool(ledger: string): Tool<{ entry: string }> {
+function ledgerTool(ledger: string, gate: Gate): Tool<{ entry: string }> {
   return {
     name: "ledger_append",
     description: "往账本文件里追加一笔；同一个幂等键只记一次",
     schema: objectSchema({ entry: stringValue }),
     async execute(parameters, context) {
+      const stop = held(gate);
+      if (stop !== undefined) return stop;
       const { idempotencyKey: key } = context as TaskToolContext;
       let existing = "";
       try {
@@ -85,21 +106,26 @@ function ledgerTool(ledger: string): Tool<{ entry: string }> {
 }
 
 async function main(): Promise<void> {
-  const [storeFile, ledger, taskId, entriesText] = process.argv.slice(2);
+  const [storeFile, ledger, taskId, entriesText, limitText] = process.argv.slice(2);
   const entries = Number(entriesText);
-  if (storeFile === undefined || ledger === undefined || taskId === undefined || !Number.isInteger(entries) || entries < 1) {
-    throw new Error("用法：task-crash-child <存储文件> <账本文件> <任务 id> <笔数>");
+  const limit = limitText === undefined ? undefined : Number(limitText);
+  if (storeFile === undefined || ledger === undefined || taskId === undefined || !Number.isInteger(entries) || entries < 1 ||
+    (limit !== undefined && (!Number.isInteger(limit) || limit < 0))) {
+    throw new Error("用法：task-crash-child <存储文件> <账本文件> <任务 id> <笔数> [<本次最多确认几次>]");
   }
+  const gate: Gate = { acks: 0, limit, stalled: false };
   say("ready");
   const store = await TaskStore.open(storeFile);
   say(`recovery ${JSON.stringify(store.recovery)}`);
   const runtime = new TaskRuntime({
     store,
-    model: ledgerModel(entries),
-    tools: [ledgerTool(ledger)],
+    model: ledgerModel(entries, gate),
+    tools: [ledgerTool(ledger, gate)],
     hooks: {
       onEvent(event) {
-        if (event.kind === "commit") say(`ack ${event.seq} ${event.version} ${event.state}`);
+        if (event.kind !== "commit") return;
+        gate.acks += 1;
+        say(`ack ${event.seq} ${event.version} ${event.state}`);
       },
     },
   });
