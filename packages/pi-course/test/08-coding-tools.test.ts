@@ -488,6 +488,7 @@ test("Lab 8.4 · 空批次、空 oldText、多处匹配、半批失败都报错�
     },
     // 参数本身不合法：在读文件之前就被解析器拒绝。
     { args: ["words.txt"], pattern: /参数必须是 object/ },
+    { args: "words.txt", pattern: /参数必须是 object/ },
     { args: { path: "words.txt", edits: [null] }, pattern: /每个 edit 必须是 object/ },
     { args: { path: "words.txt", edits: [["one", "1"]] }, pattern: /每个 edit 必须是 object/ },
     { args: { path: "words.txt", oldText: "one" }, pattern: /必须是 string/ },
@@ -539,6 +540,9 @@ test("Lab 8.5 · bash 在 workspace 里运行，保留退出码，guardrail 拦�
   assert.equal(expectOk(await run(registry, "bash", { command: "mkdir -p sub && printf ok > sub/../ok.txt && cat ok.txt" })), "ok");
   // unrestricted 模式不过 guardrail。
   assert.equal(expectOk(await run(tools(root, { containment: "unrestricted" }), "bash", { command: "cat /dev/null" })), "(exit 0)");
+
+  // 命令拿不到 stdin：读 stdin 的 cat 立刻读到结尾并退出，而不是一直等下去。
+  assert.equal(expectOk(await run(tools(root, { bashTimeoutMs: 2_000 }), "bash", { command: "cat" })), "(exit 0)");
 
   // 没有任何输出时报告退出方式：退出码，或者被信号杀死。
   const silent = await run(registry, "bash", { command: "exit 3" });
@@ -618,6 +622,12 @@ test("Lab 8.5 · stdout 与 stderr 共用一份字节预算，超出时截断并
   const wide = await run(tools(root, { maxBashOutputBytes: 26 }), "bash", { command: "printf '汉字汉字汉字汉字汉字'" });
   assert.equal(expectOk(wide), "汉\n… [输出已截断]");
   assert.equal(bashDetails(wide).truncated, true);
+  // 第二块才超出剩余的预算：同样算截断，总长仍不超过预算（两块之间隔 0.1 秒，通常分两次到达）。
+  const split = await run(tools(root, { maxBashOutputBytes: 30 }), "bash", {
+    command: "printf abcdefghijklmnop; sleep 0.1; printf qrstuvwxyz0123456789",
+  });
+  assert.equal(expectOk(split), "abcdefgh\n… [输出已截断]");
+  assert.equal(bashDetails(split).truncated, true);
   // 预算比提示本身还小：提示也按 UTF-8 安全地截短，总长仍不超过预算。
   const narrow = await run(tools(root, { maxBashOutputBytes: 10 }), "bash", { command: "printf abcdefghijklmnop" });
   assert.equal(expectOk(narrow), "\n… [输");
