@@ -41,10 +41,10 @@ function practiceFolderChecks(args: string[]): void {
  * after the `cd`. Chapter ids and flags stay as typed.
  */
 export function redirectedArgs(command: string, args: string[], caller = process.env.INIT_CWD ?? process.cwd()): string[] {
-  let positional = 0;
+  // practice <chapter> <folder>: the second positional argument is the folder.
+  const practiceFolder = command === "practice" ? args.filter((arg) => !arg.startsWith("-"))[1] : undefined;
   return args.map((arg, index) => {
-    const afterFolderFlag = index > 0 && (args[index - 1] === "--checkout" || args[index - 1] === "--dir");
-    const isFolder = afterFolderFlag || (command === "practice" && !arg.startsWith("-") && (positional += 1) === 2);
+    const isFolder = arg === practiceFolder || args[index - 1] === "--checkout" || args[index - 1] === "--dir";
     return isFolder && !path.isAbsolute(arg) ? path.resolve(caller, arg) : arg;
   });
 }
