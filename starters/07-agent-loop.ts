@@ -63,7 +63,7 @@ export async function runAgentLoop(options: AgentLoopOptions): Promise<AgentRunR
   for (let steps = 1; steps <= maxSteps; steps += 1) {
     // Lab 7.5：signal 已经取消时，这一步不能再请求模型；以 aborted 结束，
     // steps 只算已经真正发出的请求数。没取消就什么也不做，继续往下走。
-    if (options.signal?.aborted) throw labError("Lab 7.5 cancellation and limits");
+    if (options.signal?.aborted) throw labError("Lab 7.5 取消与步数上限");
 
     const assistant = await collectModelTurn(options, messages);
     messages.push(assistant);
@@ -76,30 +76,30 @@ export async function runAgentLoop(options: AgentLoopOptions): Promise<AgentRunR
         // 然后交出 { reason, messages, steps }。所有出口都应该走同一个“收尾”函数。
         // Lab 7.3：stop 却带着调用时，不执行它们，每个调用补一条 unexpected-stop 的跳过结果，按 error 结束。
         if (calls.length === 0) throw labError("Lab 7.1 纯文本 stop");
-        throw labError("Lab 7.3 non-executing terminals");
+        throw labError("Lab 7.3 不执行工具的终态");
 
       case "length":
       case "error":
       case "aborted":
         // Lab 7.3：回复不完整或失败，调用一个也不执行；每个调用按顺序追加一条跳过结果
         // （isError: true，details: { skipped: true, reason }）并发出 tool_skipped，运行以同名原因结束。
-        throw labError("Lab 7.3 non-executing terminals");
+        throw labError("Lab 7.3 不执行工具的终态");
 
       case "toolUse":
         // Lab 7.3：toolUse 却没有任何调用，直接以 error 结束，不补结果。
-        if (calls.length === 0) throw labError("Lab 7.3 non-executing terminals");
+        if (calls.length === 0) throw labError("Lab 7.3 不执行工具的终态");
         // Lab 7.2：先让单个调用走通一次往返——tool_start、用 execute 执行（带上 signal 和
         // 会发 tool_progress 的 reportProgress）、tool_end、把结果追加进 transcript，再进入下一步。
         // Lab 7.4：推广到一批调用——所有 tool_start 先发，再并发执行；谁先完成谁先发 tool_end，
         // 但结果按调用顺序追加；执行器同步抛出或异步拒绝都要变成一条失败结果。
         // Lab 7.5：整批结束后如果 signal 已取消，以 aborted 结束。
-        if (calls.length === 1) throw labError("Lab 7.2 one-tool roundtrip");
-        throw labError("Lab 7.4 concurrent tool batch");
+        if (calls.length === 1) throw labError("Lab 7.2 单工具往返");
+        throw labError("Lab 7.4 并发工具批次");
     }
   }
 
   // Lab 7.5：所有允许的步数都用完了，以 maxSteps 结束（最后一批工具结果要保留）。
-  throw labError("Lab 7.5 cancellation and limits");
+  throw labError("Lab 7.5 取消与步数上限");
 }
 
 /**
