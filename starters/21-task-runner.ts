@@ -1,6 +1,7 @@
 // 任务运行时（脚手架）：由运行时自己掌握步骤循环，才能在每一步之后落一个检查点。
 //
-// 公共类型（选项、钩子、事件）与几个小函数已经给出；idempotencyKey 与 TaskRuntime 的方法留给你（Lab 21.3）。
+// 公共类型（选项、钩子、事件）、几个小函数和提交与报告的 TaskRecorder 已经给出；
+// idempotencyKey 与 TaskRuntime 的方法留给你（Lab 21.3）。每次提交都交给 TaskRecorder.commit：它等存储确认之后才报告给钩子。
 // 循环的形状：pending/paused → running；running 里一次模型调用 → 一个批次（回复 + 步骤 + 迁移）；
 // waiting_tool 里一次一个工具调用 → 一个批次；结果到齐 → 迁回 running。一切都从存储里最新的快照出发。
 
@@ -163,6 +164,67 @@ function pendingCalls(messages: readonly AgentMessage[]): ToolCall[] {
     messages.slice(last + 1).flatMap((message) => (message.role === "toolResult" ? [message.toolCallId] : [])),
   );
   return toolCallsOf(messages[last] as AssistantMessage).filter((call) => !answered.has(call.id));
+}
+
+// <<< 已给出
+
+// ---------------------------------------------------------------------------
+// 提交与报告：TaskRuntime 与第 23 章的 Orchestrator 共用
+// ---------------------------------------------------------------------------
+
+// >>> 已给出：提交与报告是日志的基础设施，第 23 章的 Orchestrator 也经过它写同一份日志
+
+/**
+ * 一份任务日志的写入口：提交一个批次，等存储确认（commit 兑现，这一行已经 sync）之后，
+ * 再把它作为 commit 事件交给每个钩子的 onEvent——先落盘，后可见。观察者抛错只属于观察者自己，运行不受影响。
+ * 第 23 章的 Orchestrator 为 DAG 与规划-执行写检查点时用的也是它，所以审计与观测读到的提交
+ * 不管来自哪个执行器，形状和时机都相同。
+ */
+export class TaskRecorder {
+  readonly store: TaskStore;
+  /** 按顺序调用的钩子；构造时传一个对象，就是只有它的数组。 */
+  readonly hooks: readonly TaskHooks[];
+
+  constructor(store: TaskStore, hooks: TaskHooks | readonly TaskHooks[] = []) {
+    this.store = store;
+    this.hooks = Array.isArray(hooks) ? [...hooks] : [hooks as TaskHooks];
+  }
+
+  /** 提交一个批次；存储确认之后报告给每个钩子。返回的就是提交的快照。 */
+  async commit(reason: CommitReason, snapshot: TaskSnapshot, events: TaskEvent[], step?: TaskStep): Promise<TaskSnapshot> {
+    const seq = await this.store.commit({ snapshot, events });
+    const record: TaskRuntimeEvent = {
+      kind: "commit",
+      reason,
+      taskId: snapshot.taskId,
+      seq,
+      version: snapshot.version,
+      state: snapshot.state,
+      at: snapshot.checkpointAt,
+      events: structuredClone(events),
+    };
+    if (step !== undefined) record.step = structuredClone(step);
+    this.emit(record);
+    return snapshot;
+  }
+
+  /** 把一个事件依次交给每个钩子的 onEvent。 */
+  emit(event: TaskRuntimeEvent): void {
+    for (const hook of this.hooks) {
+      try {
+        hook.onEvent?.(event);
+      } catch {
+        // 观察者的错误属于观察者自己；运行不受影响。
+      }
+    }
+  }
+
+  /** 任务在存储里最新的快照；没有这个任务时抛错。 */
+  require(taskId: string): TaskSnapshot {
+    const snapshot = this.store.latest(taskId);
+    if (snapshot === undefined) throw new Error(`未知任务 ${taskId}`);
+    return snapshot;
+  }
 }
 
 // <<< 已给出

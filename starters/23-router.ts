@@ -6,7 +6,8 @@
 //   模型失败、回复不合格、选了不存在的路线都落到默认路线，reason 写明为什么；
 // - Orchestrator.run()：第一次运行先路由并把决定写进快照（恢复的任务读回它），ReAct 路线交给 TaskRuntime，
 //   DAG 与规划-执行由 runRecorded 写迁移与最后一批（completed / failed，取消则 paused）。
-// 调用计数与日志写入口（tracker、TaskJournal）、提交与权限闸门已经给出，先读懂它们。
+// 调用计数与日志写入口（tracker、TaskJournal）与权限闸门已经给出，先读懂它们；提交并报告一个批次用第 21 章的
+// TaskRecorder（this.#recorder.commit，与 TaskRuntime 同一个实现），读任务最新的快照用 this.#recorder.require。
 //
 // ——以下是 target 文件开头的说明，原样保留——
 //
@@ -35,13 +36,13 @@ import {
   type ToolResultMessage,
   type UserMessage,
 } from "../types.js";
-import { checkpoint, isTerminal, transition, type TaskEvent, type TaskSnapshot, type TaskStep } from "../task-runtime/task-state.js";
+import { checkpoint, isTerminal, transition, type TaskSnapshot, type TaskStep } from "../task-runtime/task-state.js";
 import { jsonCopy, type TaskStore } from "../task-runtime/task-store.js";
 import {
   idempotencyKey,
+  TaskRecorder,
   type TaskHooks,
   type TaskRuntime,
-  type TaskRuntimeEvent,
   type TaskSpec,
   type TaskToolContext,
 } from "../task-runtime/task-runner.js";
@@ -427,18 +428,18 @@ class TaskJournal {
   readonly tracker: CallTracker;
   #next: number;
   #chain: Promise<unknown> = Promise.resolve();
-  readonly #commit: Orchestrator["commitBatch"];
+  readonly #recorder: TaskRecorder;
 
   constructor(
     start: TaskSnapshot,
-    commit: Orchestrator["commitBatch"],
+    recorder: TaskRecorder,
     clock: () => number,
     gate: TrackerSink["gate"],
     toolTimeoutMs: number | undefined,
     requested?: TrackerSink["requested"],
   ) {
     this.current = start;
-    this.#commit = commit;
+    this.#recorder = recorder;
     this.#next = start.context.currentStep;
     const sink: TrackerSink = {
       taskId: start.taskId,
@@ -456,7 +457,7 @@ class TaskJournal {
               [ORCHESTRATION_KEY]: { ...record, calls: [...(record.calls ?? []), call] } as unknown as JsonValue,
             };
           }, step.at);
-          return this.#commit(step.type === "model_call" ? "model" : "tool", recorded, [], step);
+          return this.#recorder.commit(step.type === "model_call" ? "model" : "tool", recorded, [], step);
         }),
     };
     if (gate !== undefined) sink.gate = gate;
@@ -486,7 +487,8 @@ export class Orchestrator {
   readonly #executors: Record<string, Executor>;
   readonly #runtime: TaskRuntime;
   readonly #clock: () => number;
-  readonly #hooks: readonly TaskHooks[];
+  /** 提交并报告：和 TaskRuntime 用的是同一个 TaskRecorder（第 21 章），钩子收到的提交形状相同。 */
+  readonly #recorder: TaskRecorder;
   readonly #toolTimeoutMs: number | undefined;
   /** 正在 run 的任务：和 TaskRuntime 一样，同一个任务同一时刻只能有一个 run。 */
   readonly #active = new Set<string>();
@@ -499,8 +501,7 @@ export class Orchestrator {
     this.#executors = options.executors;
     this.#runtime = options.runtime;
     this.#clock = options.clock ?? Date.now;
-    const hooks = options.hooks ?? [];
-    this.#hooks = Array.isArray(hooks) ? [...hooks] : [hooks as TaskHooks];
+    this.#recorder = new TaskRecorder(options.runtime.store, options.hooks);
     this.#toolTimeoutMs = options.toolTimeoutMs;
   }
 
@@ -562,9 +563,9 @@ export class Orchestrator {
   throw new Error("Lab 23.1 Orchestrator.runRecorded 尚未实现");
 }
 
-  // >>> 已给出：权限闸门、提交并报告一个批次
+  // >>> 已给出：权限闸门（提交、报告与读最新快照用 this.#recorder 的 commit / emit / require）
   async #gate(call: ToolCall, snapshot: TaskSnapshot): Promise<{ allow: true } | { allow: false; message: string }> {
-    for (const hook of this.#hooks) {
+    for (const hook of this.#recorder.hooks) {
       if (hook.gateTool === undefined) continue;
       const decision = await hook.gateTool(call, structuredClone(snapshot));
       if (!decision.allow) return decision;
@@ -572,43 +573,5 @@ export class Orchestrator {
     return { allow: true };
   }
 
-  /** 提交一个批次，然后像 TaskRuntime 一样把它报告给每个钩子的 onEvent。 */
-  readonly commitBatch = async (
-    reason: "model" | "tool" | "transition",
-    snapshot: TaskSnapshot,
-    events: TaskEvent[],
-    step?: TaskStep,
-  ): Promise<TaskSnapshot> => {
-    const seq = await this.store.commit({ snapshot, events });
-    const record: TaskRuntimeEvent = {
-      kind: "commit",
-      reason,
-      taskId: snapshot.taskId,
-      seq,
-      version: snapshot.version,
-      state: snapshot.state,
-      at: snapshot.checkpointAt,
-      events: structuredClone(events),
-    };
-    if (step !== undefined) record.step = structuredClone(step);
-    this.#emit(record);
-    return snapshot;
-  };
-
-  #emit(event: TaskRuntimeEvent): void {
-    for (const hook of this.#hooks) {
-      try {
-        hook.onEvent?.(event);
-      } catch {
-        // 观察者的错误属于观察者自己。
-      }
-    }
-  }
-
   // <<< 已给出
-  #require(taskId: string): TaskSnapshot {
-    const snapshot = this.store.latest(taskId);
-    if (snapshot === undefined) throw new Error(`未知任务 ${taskId}`);
-    return snapshot;
-  }
 }

@@ -23,13 +23,13 @@ import {
   type ToolResultMessage,
   type UserMessage,
 } from "../types.js";
-import { checkpoint, isTerminal, transition, type TaskEvent, type TaskSnapshot, type TaskStep } from "../task-runtime/task-state.js";
+import { checkpoint, isTerminal, transition, type TaskSnapshot, type TaskStep } from "../task-runtime/task-state.js";
 import { jsonCopy, type TaskStore } from "../task-runtime/task-store.js";
 import {
   idempotencyKey,
+  TaskRecorder,
   type TaskHooks,
   type TaskRuntime,
-  type TaskRuntimeEvent,
   type TaskSpec,
   type TaskToolContext,
 } from "../task-runtime/task-runner.js";
@@ -439,18 +439,18 @@ class TaskJournal {
   readonly tracker: CallTracker;
   #next: number;
   #chain: Promise<unknown> = Promise.resolve();
-  readonly #commit: Orchestrator["commitBatch"];
+  readonly #recorder: TaskRecorder;
 
   constructor(
     start: TaskSnapshot,
-    commit: Orchestrator["commitBatch"],
+    recorder: TaskRecorder,
     clock: () => number,
     gate: TrackerSink["gate"],
     toolTimeoutMs: number | undefined,
     requested?: TrackerSink["requested"],
   ) {
     this.current = start;
-    this.#commit = commit;
+    this.#recorder = recorder;
     this.#next = start.context.currentStep;
     const sink: TrackerSink = {
       taskId: start.taskId,
@@ -468,7 +468,7 @@ class TaskJournal {
               [ORCHESTRATION_KEY]: { ...record, calls: [...(record.calls ?? []), call] } as unknown as JsonValue,
             };
           }, step.at);
-          return this.#commit(step.type === "model_call" ? "model" : "tool", recorded, [], step);
+          return this.#recorder.commit(step.type === "model_call" ? "model" : "tool", recorded, [], step);
         }),
     };
     if (gate !== undefined) sink.gate = gate;
@@ -497,7 +497,8 @@ export class Orchestrator {
   readonly #executors: Record<string, Executor>;
   readonly #runtime: TaskRuntime;
   readonly #clock: () => number;
-  readonly #hooks: readonly TaskHooks[];
+  /** 提交并报告：和 TaskRuntime 用的是同一个 TaskRecorder（第 21 章），钩子收到的提交形状相同。 */
+  readonly #recorder: TaskRecorder;
   readonly #toolTimeoutMs: number | undefined;
   /** 正在 run 的任务：和 TaskRuntime 一样，同一个任务同一时刻只能有一个 run。 */
   readonly #active = new Set<string>();
@@ -510,8 +511,7 @@ export class Orchestrator {
     this.#executors = options.executors;
     this.#runtime = options.runtime;
     this.#clock = options.clock ?? Date.now;
-    const hooks = options.hooks ?? [];
-    this.#hooks = Array.isArray(hooks) ? [...hooks] : [hooks as TaskHooks];
+    this.#recorder = new TaskRecorder(options.runtime.store, options.hooks);
     this.#toolTimeoutMs = options.toolTimeoutMs;
   }
 
@@ -539,17 +539,17 @@ export class Orchestrator {
   }
 
   async #run(taskId: string, options: { signal?: AbortSignal; onStep?(step: ExecutionStep): void }): Promise<TaskSnapshot> {
-    const start = this.#require(taskId);
+    const start = this.#recorder.require(taskId);
     if (isTerminal(start.state)) return start;
     const task: RoutedTask = { taskId, input: start.context.input, ...(start.context.type === undefined ? {} : { type: start.context.type }) };
     const journal = new TaskJournal(
       start,
-      this.commitBatch,
+      this.#recorder,
       this.#clock,
       (call) => this.#gate(call, journal.current),
       this.#toolTimeoutMs,
       (step, context, at) =>
-        this.#emit({
+        this.#recorder.emit({
           kind: "model_request",
           taskId,
           step,
@@ -572,7 +572,7 @@ export class Orchestrator {
           const record: OrchestrationRecord = { ...(orchestrationOf(snapshot) ?? { calls: [] }), route: decided };
           context.extensions = { ...(context.extensions ?? {}), [ORCHESTRATION_KEY]: record as unknown as JsonValue };
         }, this.#clock());
-        return this.commitBatch("model", routed, []);
+        return this.#recorder.commit("model", routed, []);
       });
     }
     options.onStep?.({ kind: "route", executor: decision.executor, by: decision.by, reason: decision.reason });
@@ -580,7 +580,7 @@ export class Orchestrator {
     if (executor.kind === "react") {
       await journal.settled();
       await executor.execute(task, options.signal ? { signal: options.signal } : {});
-      return this.#require(taskId);
+      return this.#recorder.require(taskId);
     }
     return this.#runRecorded(journal, task, executor, options);
   }
@@ -608,7 +608,7 @@ export class Orchestrator {
       if (options.signal?.aborted) return journal.current;
       await journal.update(async (snapshot) => {
         const moved = transition(snapshot, "running", state === "pending" ? "started" : "resumed", { executor: executor.name, kind: executor.kind }, this.#clock());
-        return this.commitBatch("transition", moved.snapshot, [moved.event]);
+        return this.#recorder.commit("transition", moved.snapshot, [moved.event]);
       });
     }
     let outcome: ExecutionOutcome;
@@ -637,56 +637,17 @@ export class Orchestrator {
       const payload: JsonValue = { executor: executor.name, modelCalls: outcome.modelCalls };
       const moved = transition(recorded, to, to, payload, at);
       // 检查点与迁移在同一批：和 TaskRuntime 一样，版本只加一。
-      return this.commitBatch("transition", { ...moved.snapshot, version: snapshot.version + 1 }, [moved.event]);
+      return this.#recorder.commit("transition", { ...moved.snapshot, version: snapshot.version + 1 }, [moved.event]);
     });
     return journal.current;
   }
 
   async #gate(call: ToolCall, snapshot: TaskSnapshot): Promise<{ allow: true } | { allow: false; message: string }> {
-    for (const hook of this.#hooks) {
+    for (const hook of this.#recorder.hooks) {
       if (hook.gateTool === undefined) continue;
       const decision = await hook.gateTool(call, structuredClone(snapshot));
       if (!decision.allow) return decision;
     }
     return { allow: true };
-  }
-
-  /** 提交一个批次，然后像 TaskRuntime 一样把它报告给每个钩子的 onEvent。 */
-  readonly commitBatch = async (
-    reason: "model" | "tool" | "transition",
-    snapshot: TaskSnapshot,
-    events: TaskEvent[],
-    step?: TaskStep,
-  ): Promise<TaskSnapshot> => {
-    const seq = await this.store.commit({ snapshot, events });
-    const record: TaskRuntimeEvent = {
-      kind: "commit",
-      reason,
-      taskId: snapshot.taskId,
-      seq,
-      version: snapshot.version,
-      state: snapshot.state,
-      at: snapshot.checkpointAt,
-      events: structuredClone(events),
-    };
-    if (step !== undefined) record.step = structuredClone(step);
-    this.#emit(record);
-    return snapshot;
-  };
-
-  #emit(event: TaskRuntimeEvent): void {
-    for (const hook of this.#hooks) {
-      try {
-        hook.onEvent?.(event);
-      } catch {
-        // 观察者的错误属于观察者自己。
-      }
-    }
-  }
-
-  #require(taskId: string): TaskSnapshot {
-    const snapshot = this.store.latest(taskId);
-    if (snapshot === undefined) throw new Error(`未知任务 ${taskId}`);
-    return snapshot;
   }
 }

@@ -199,6 +199,67 @@ function pendingCalls(messages: readonly AgentMessage[]): ToolCall[] {
 // <<< 已给出
 
 // ---------------------------------------------------------------------------
+// 提交与报告：TaskRuntime 与第 23 章的 Orchestrator 共用
+// ---------------------------------------------------------------------------
+
+// >>> 已给出：提交与报告是日志的基础设施，第 23 章的 Orchestrator 也经过它写同一份日志
+
+/**
+ * 一份任务日志的写入口：提交一个批次，等存储确认（commit 兑现，这一行已经 sync）之后，
+ * 再把它作为 commit 事件交给每个钩子的 onEvent——先落盘，后可见。观察者抛错只属于观察者自己，运行不受影响。
+ * 第 23 章的 Orchestrator 为 DAG 与规划-执行写检查点时用的也是它，所以审计与观测读到的提交
+ * 不管来自哪个执行器，形状和时机都相同。
+ */
+export class TaskRecorder {
+  readonly store: TaskStore;
+  /** 按顺序调用的钩子；构造时传一个对象，就是只有它的数组。 */
+  readonly hooks: readonly TaskHooks[];
+
+  constructor(store: TaskStore, hooks: TaskHooks | readonly TaskHooks[] = []) {
+    this.store = store;
+    this.hooks = Array.isArray(hooks) ? [...hooks] : [hooks as TaskHooks];
+  }
+
+  /** 提交一个批次；存储确认之后报告给每个钩子。返回的就是提交的快照。 */
+  async commit(reason: CommitReason, snapshot: TaskSnapshot, events: TaskEvent[], step?: TaskStep): Promise<TaskSnapshot> {
+    const seq = await this.store.commit({ snapshot, events });
+    const record: TaskRuntimeEvent = {
+      kind: "commit",
+      reason,
+      taskId: snapshot.taskId,
+      seq,
+      version: snapshot.version,
+      state: snapshot.state,
+      at: snapshot.checkpointAt,
+      events: structuredClone(events),
+    };
+    if (step !== undefined) record.step = structuredClone(step);
+    this.emit(record);
+    return snapshot;
+  }
+
+  /** 把一个事件依次交给每个钩子的 onEvent。 */
+  emit(event: TaskRuntimeEvent): void {
+    for (const hook of this.hooks) {
+      try {
+        hook.onEvent?.(event);
+      } catch {
+        // 观察者的错误属于观察者自己；运行不受影响。
+      }
+    }
+  }
+
+  /** 任务在存储里最新的快照；没有这个任务时抛错。 */
+  require(taskId: string): TaskSnapshot {
+    const snapshot = this.store.latest(taskId);
+    if (snapshot === undefined) throw new Error(`未知任务 ${taskId}`);
+    return snapshot;
+  }
+}
+
+// <<< 已给出
+
+// ---------------------------------------------------------------------------
 // Lab 21.3 · TaskRuntime
 // ---------------------------------------------------------------------------
 
@@ -211,6 +272,8 @@ export class TaskRuntime {
   readonly #createId: () => string;
   readonly #systemPrompt: string | undefined;
   readonly #hooks: readonly TaskHooks[];
+  /** 每次提交都经过它：落盘之后才报告给钩子。 */
+  readonly #recorder: TaskRecorder;
   readonly #toolTimeoutMs: number | undefined;
   /** 正在 run 的任务：同一个任务同一时刻只能有一个 run。 */
   readonly #active = new Set<string>();
@@ -225,8 +288,8 @@ export class TaskRuntime {
     this.#sleep = options.sleep ?? defaultSleep;
     this.#createId = options.createId ?? randomUUID;
     this.#systemPrompt = options.systemPrompt;
-    const hooks = options.hooks ?? [];
-    this.#hooks = Array.isArray(hooks) ? [...hooks] : [hooks as TaskHooks];
+    this.#recorder = new TaskRecorder(options.store, options.hooks);
+    this.#hooks = this.#recorder.hooks;
     this.#toolTimeoutMs = options.toolTimeoutMs;
   }
 
@@ -257,7 +320,7 @@ export class TaskRuntime {
       },
       this.#clock(),
     );
-    await this.#commit("created", created.snapshot, [created.event]);
+    await this.#recorder.commit("created", created.snapshot, [created.event]);
     this.#enqueue(taskId, created.snapshot.priority);
     return structuredClone(created.snapshot);
   }
@@ -271,7 +334,7 @@ export class TaskRuntime {
     for (const snapshot of this.#store.unfinished()) {
       if (snapshot.state === "paused" || this.#active.has(snapshot.taskId)) continue;
       ids.push(snapshot.taskId);
-      this.#emit({ kind: "recovered", taskId: snapshot.taskId, state: snapshot.state, version: snapshot.version, at: this.#clock() });
+      this.#recorder.emit({ kind: "recovered", taskId: snapshot.taskId, state: snapshot.state, version: snapshot.version, at: this.#clock() });
     }
     const known = new Set(ids);
     this.#queue = [...ids, ...this.#queue.filter((id) => !known.has(id))];
@@ -290,9 +353,9 @@ export class TaskRuntime {
 
   /** pending 或 paused 的任务可以取消（一次迁移）。 */
   async cancel(taskId: string, reason = "取消"): Promise<TaskSnapshot> {
-    const current = this.#require(taskId);
+    const current = this.#recorder.require(taskId);
     const moved = transition(current, "cancelled", "cancelled", { reason }, this.#clock());
-    await this.#commit("transition", moved.snapshot, [moved.event]);
+    await this.#recorder.commit("transition", moved.snapshot, [moved.event]);
     this.#queue = this.#queue.filter((id) => id !== taskId);
     return moved.snapshot;
   }
@@ -313,13 +376,13 @@ export class TaskRuntime {
   }
 
   async #loop(taskId: string, signal: AbortSignal | undefined): Promise<TaskSnapshot> {
-    let current = this.#require(taskId);
+    let current = this.#recorder.require(taskId);
     if (isTerminal(current.state)) return current;
     if (current.state === "pending" || current.state === "paused") {
       if (signal?.aborted) return current;
       const event = current.state === "pending" ? "started" : "resumed";
       const moved = transition(current, "running", event, null, this.#clock());
-      current = await this.#commit("transition", moved.snapshot, [moved.event]);
+      current = await this.#recorder.commit("transition", moved.snapshot, [moved.event]);
     }
     for (;;) {
       // 终态，或者某个钩子把任务交给了人（paused）：这次 run 到此为止。
@@ -328,7 +391,7 @@ export class TaskRuntime {
       // 从 waiting_tool 暂停后继续：还有没答复的调用，先回到 waiting_tool 把它们做完，配对才完整。
       if (current.state === "running" && pendingCalls(current.context.messages).length > 0) {
         const moved = transition(current, "waiting_tool", "tool_requested", { calls: pendingCalls(current.context.messages).map((call) => call.name) }, this.#clock());
-        current = await this.#commit("transition", moved.snapshot, [moved.event]);
+        current = await this.#recorder.commit("transition", moved.snapshot, [moved.event]);
         continue;
       }
       current = current.state === "waiting_tool" ? await this.#toolStep(current, signal) : await this.#modelStep(current, signal);
@@ -360,7 +423,7 @@ export class TaskRuntime {
       final ||= last === true;
     }
     const startedAt = this.#clock();
-    this.#emit({
+    this.#recorder.emit({
       kind: "model_request",
       taskId: current.taskId,
       step,
@@ -417,7 +480,7 @@ export class TaskRuntime {
             lastError: reply.errorMessage ?? reply.stopReason,
           };
         }, at);
-        return this.#commit("retry", next, [], recordStep);
+        return this.#recorder.commit("retry", next, [], recordStep);
       }
     }
 
@@ -439,7 +502,7 @@ export class TaskRuntime {
     const event = failed ? "model_failed" : wantsTools ? "tool_requested" : "completed";
     const payload: JsonValue = wantsTools ? { calls: calls.map((call) => call.name) } : { stopReason: reply.stopReason };
     const moved = transition(recorded, to, event, payload, at);
-    return this.#commit("model", { ...moved.snapshot, version: current.version + 1 }, [moved.event], recordStep);
+    return this.#recorder.commit("model", { ...moved.snapshot, version: current.version + 1 }, [moved.event], recordStep);
   }
 
   /** waiting_tool：一次执行一个还没有结果的调用，每个之后一个检查点；全部到齐后迁回 running。 */
@@ -447,7 +510,7 @@ export class TaskRuntime {
     const call = pendingCalls(current.context.messages)[0];
     if (call === undefined) {
       const moved = transition(current, "running", "tool_results", null, this.#clock());
-      return this.#commit("transition", moved.snapshot, [moved.event]);
+      return this.#recorder.commit("transition", moved.snapshot, [moved.event]);
     }
     const step = current.context.currentStep;
     const key = idempotencyKey(current.taskId, step);
@@ -491,10 +554,10 @@ export class TaskRuntime {
       pause = (await hook.onToolResult?.(structuredClone(recordedResult), structuredClone(call), structuredClone(next)))?.pause;
       if (pause !== undefined) break;
     }
-    if (pause === undefined) return this.#commit("tool", next, [], recordStep);
+    if (pause === undefined) return this.#recorder.commit("tool", next, [], recordStep);
     // 结果与暂停在同一批：交给人的任务不会在两者之间丢掉“为什么停”。
     const moved = transition(next, "paused", "needs_human", pause.payload ?? { reason: pause.reason }, at);
-    return this.#commit("tool", { ...moved.snapshot, version: current.version + 1 }, [moved.event], recordStep);
+    return this.#recorder.commit("tool", { ...moved.snapshot, version: current.version + 1 }, [moved.event], recordStep);
   }
 
   /** 执行一个调用；设了 toolTimeoutMs 时到点取消它的 signal，换回一条超时的失败结果。 */
@@ -524,40 +587,7 @@ export class TaskRuntime {
   async #pause(current: TaskSnapshot, reason: string): Promise<TaskSnapshot> {
     if (current.state !== "running" && current.state !== "waiting_tool") return current;
     const moved = transition(current, "paused", "paused", { reason }, this.#clock());
-    return this.#commit("transition", moved.snapshot, [moved.event]);
-  }
-
-  async #commit(reason: CommitReason, snapshot: TaskSnapshot, events: TaskEvent[], step?: TaskStep): Promise<TaskSnapshot> {
-    const seq = await this.#store.commit({ snapshot, events });
-    const record: TaskRuntimeEvent = {
-      kind: "commit",
-      reason,
-      taskId: snapshot.taskId,
-      seq,
-      version: snapshot.version,
-      state: snapshot.state,
-      at: snapshot.checkpointAt,
-      events: structuredClone(events),
-    };
-    if (step !== undefined) record.step = structuredClone(step);
-    this.#emit(record);
-    return snapshot;
-  }
-
-  #emit(event: TaskRuntimeEvent): void {
-    for (const hook of this.#hooks) {
-      try {
-        hook.onEvent?.(event);
-      } catch {
-        // 观察者的错误属于观察者自己；运行不受影响。
-      }
-    }
-  }
-
-  #require(taskId: string): TaskSnapshot {
-    const snapshot = this.#store.latest(taskId);
-    if (snapshot === undefined) throw new Error(`未知任务 ${taskId}`);
-    return snapshot;
+    return this.#recorder.commit("transition", moved.snapshot, [moved.event]);
   }
 
   #enqueue(taskId: string, priority: number): void {
