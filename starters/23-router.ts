@@ -23,7 +23,7 @@
 // 和 ReAct 循环留下的步骤形状完全相同。观测（spans、metrics）因此只读一份日志。
 
 import type { JsonValue } from "../session.js";
-import { executeToolCall, failedResult, type ToolRegistry } from "../tool.js";
+import { failedResult, type ToolRegistry } from "../tool.js";
 import {
   textOf,
   type AgentContext,
@@ -39,6 +39,7 @@ import {
 import { checkpoint, isTerminal, transition, type TaskSnapshot, type TaskStep } from "../task-runtime/task-state.js";
 import { jsonCopy, type TaskStore } from "../task-runtime/task-store.js";
 import {
+  executeWithin,
   idempotencyKey,
   TaskRecorder,
   type TaskHooks,
@@ -134,34 +135,6 @@ interface TrackerSink {
   clock(): number;
 }
 
-/** 带超时地执行一次工具调用：到点取消这次调用自己的 signal，结果是一条超时的失败（与 TaskRuntime 相同）。 */
-async function executeWithin(
-  call: ToolCall,
-  tools: ToolRegistry,
-  context: Omit<TaskToolContext, "callId">,
-  limit: number | undefined,
-): Promise<ToolResultMessage> {
-  if (limit === undefined) return executeToolCall(call, tools, context, "script");
-  const controller = new AbortController();
-  const outer = context.signal;
-  const relay = (): void => controller.abort(outer?.reason);
-  if (outer?.aborted) controller.abort(outer.reason);
-  else outer?.addEventListener("abort", relay, { once: true });
-  let timer: ReturnType<typeof setTimeout> | undefined;
-  const expired = new Promise<"timeout">((resolve) => {
-    timer = setTimeout(() => resolve("timeout"), limit);
-  });
-  try {
-    const first = await Promise.race([executeToolCall(call, tools, { ...context, signal: controller.signal }, "script"), expired]);
-    if (first !== "timeout") return first;
-    controller.abort(new Error("tool timeout"));
-    return failedResult(call, new Error(`执行超过 ${limit} 毫秒，已经取消`));
-  } finally {
-    clearTimeout(timer);
-    outer?.removeEventListener("abort", relay);
-  }
-}
-
 function trackerOver(sink: TrackerSink): CallTracker {
   let calls = 0;
   let tokens = 0;
@@ -222,7 +195,7 @@ function trackerOver(sink: TrackerSink): CallTracker {
         const context: Omit<TaskToolContext, "callId"> = { taskId: sink.taskId, step, idempotencyKey: key };
         if (signal !== undefined) context.signal = signal;
         // 宿主（DAG）或计划发起的调用：以 script 身份经过第 06/15 章的同一个执行器。
-        result = await executeWithin(call, tools, context, sink.toolTimeoutMs);
+        result = await executeWithin(call, tools, context, sink.toolTimeoutMs, "script");
       }
       const at = sink.clock();
       const body = textOf(result);

@@ -12,7 +12,7 @@
 // 带副作用的工具拿到 idempotencyKey(taskId, step)：重做那一步时键不变，工具据此识别出“这件事已经做过”。
 
 import { randomUUID } from "node:crypto";
-import { executeToolCall, failedResult, ToolRegistry, type Tool, type ToolContext } from "../tool.js";
+import { executeToolCall, failedResult, ToolRegistry, type Tool, type ToolCallScope, type ToolContext } from "../tool.js";
 import type { JsonValue } from "../session.js";
 import type { AgentMessage, AssistantMessage, Model, ToolCall, ToolDefinition, ToolResultMessage } from "../types.js";
 import {
@@ -197,6 +197,44 @@ function pendingCalls(messages: readonly AgentMessage[]): ToolCall[] {
 }
 
 // <<< 已给出
+
+// ---------------------------------------------------------------------------
+// 带期限的工具调用（第 22 章的 toolTimeoutMs；第 23 章的 DAG 与规划-执行也用）
+// ---------------------------------------------------------------------------
+
+/**
+ * 执行一个调用；给了 limitMs 时，到点取消这次调用自己的 signal（context.signal 的取消照样转达进来），
+ * 换回一条超时的失败结果。TaskRuntime 的 toolTimeoutMs 用它；第 23 章的 DAG 与规划-执行以 script 身份
+ * 发起的调用也经过它，所以两边的超时是同一种失败、同一句话。
+ */
+export async function executeWithin(
+  call: ToolCall,
+  tools: ToolRegistry,
+  context: Omit<TaskToolContext, "callId">,
+  limitMs: number | undefined,
+  scope?: ToolCallScope,
+): Promise<ToolResultMessage> {
+  if (limitMs === undefined) return executeToolCall(call, tools, context, scope);
+  const controller = new AbortController();
+  const outer = context.signal;
+  const relay = (): void => controller.abort(outer?.reason);
+  if (outer?.aborted) controller.abort(outer.reason);
+  else outer?.addEventListener("abort", relay, { once: true });
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const expired = new Promise<"timeout">((resolve) => {
+    timer = setTimeout(() => resolve("timeout"), limitMs);
+  });
+  try {
+    const running = executeToolCall(call, tools, { ...context, signal: controller.signal }, scope);
+    const first = await Promise.race([running, expired]);
+    if (first !== "timeout") return first;
+    controller.abort(new Error("tool timeout"));
+    return failedResult(call, new Error(`执行超过 ${limitMs} 毫秒，已经取消`));
+  } finally {
+    clearTimeout(timer);
+    outer?.removeEventListener("abort", relay);
+  }
+}
 
 // ---------------------------------------------------------------------------
 // 提交与报告：TaskRuntime 与第 23 章的 Orchestrator 共用
@@ -527,7 +565,7 @@ export class TaskRuntime {
     } else {
       const context: Omit<TaskToolContext, "callId"> = { taskId: current.taskId, step, idempotencyKey: key };
       if (signal !== undefined) context.signal = signal;
-      result = await this.#execute(call, context, signal);
+      result = await executeWithin(call, this.#tools, context, this.#toolTimeoutMs);
     }
     const at = this.#clock();
     const recordedResult =
@@ -558,30 +596,6 @@ export class TaskRuntime {
     // 结果与暂停在同一批：交给人的任务不会在两者之间丢掉“为什么停”。
     const moved = transition(next, "paused", "needs_human", pause.payload ?? { reason: pause.reason }, at);
     return this.#recorder.commit("tool", { ...moved.snapshot, version: current.version + 1 }, [moved.event], recordStep);
-  }
-
-  /** 执行一个调用；设了 toolTimeoutMs 时到点取消它的 signal，换回一条超时的失败结果。 */
-  async #execute(call: ToolCall, context: Omit<TaskToolContext, "callId">, signal: AbortSignal | undefined): Promise<ToolResultMessage> {
-    const limit = this.#toolTimeoutMs;
-    if (limit === undefined) return executeToolCall(call, this.#tools, context);
-    const controller = new AbortController();
-    const relay = (): void => controller.abort(signal?.reason);
-    if (signal?.aborted) controller.abort(signal.reason);
-    else signal?.addEventListener("abort", relay, { once: true });
-    let timer: ReturnType<typeof setTimeout> | undefined;
-    const expired = new Promise<"timeout">((resolve) => {
-      timer = setTimeout(() => resolve("timeout"), limit);
-    });
-    try {
-      const running = executeToolCall(call, this.#tools, { ...context, signal: controller.signal });
-      const first = await Promise.race([running, expired]);
-      if (first !== "timeout") return first;
-      controller.abort(new Error("tool timeout"));
-      return failedResult(call, new Error(`执行超过 ${limit} 毫秒，已经取消`));
-    } finally {
-      clearTimeout(timer);
-      signal?.removeEventListener("abort", relay);
-    }
   }
 
   async #pause(current: TaskSnapshot, reason: string): Promise<TaskSnapshot> {
