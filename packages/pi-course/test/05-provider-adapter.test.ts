@@ -425,6 +425,13 @@ test("Lab 5.2 · 交错的工具槽按首次出现排位，每个 partial 都是
   });
   assert.equal(Object.hasOwn(result, "errorMessage"), false);
 
+  // 快照里已解析的参数对象同样是独立的：改掉第一个 toolcall_end 快照里的参数，最终消息和后一个快照都不受影响。
+  const snapshotRead = ends[0]!.partial.content[0];
+  if (snapshotRead?.type !== "toolCall") assert.fail("第一个 toolcall_end 的快照应当以 read 调用开头");
+  (snapshotRead.arguments as Record<string, unknown>).path = "被改掉了";
+  assert.deepEqual(ends[1]!.partial.content[0], parsedRead, "后一个快照里的参数不能跟着变");
+  assert.deepEqual(result.content[0], parsedRead, "最终消息里的参数不能跟着变");
+
   // 独立快照不等于每次复制全文：1 000 个各 1 000 字符的增量，消费者一个事件都不读、只等 result()。
   // 每个 partial 若各复制一份已到的全文，这些没读走的事件就要攥住约 500 MB；共用不可变的字符串只需要几 MB。
   const piece = "0123456789".repeat(100);
@@ -496,6 +503,45 @@ test("Lab 5.2 · 传输中途抛错或请求已中止，都以 error 事件收�
   assert.equal(aborted.result.stopReason, "aborted");
   assert.deepEqual(aborted.result.content, []);
   assert.equal(aborted.result.errorMessage, "Request was aborted");
+
+  // 传输一个 chunk 都不交、直接结束，signal 却早已中止：仍是 aborted，而不是“没有 finish”。
+  const empty = await consume(
+    createOpenAICompatibleModel({ provider: "course", model: "course-model", transport: fixedTransport([]) })
+      .stream(askContext("算了"), { signal: controller.signal }),
+  );
+  assert.equal(empty.result.stopReason, "aborted");
+  assert.equal(empty.result.errorMessage, "Request was aborted");
+
+  // 没有 signal，但传输抛出的错误名是 AbortError（比如底层连接被别处中止）：同样是 aborted，已到的内容保留。
+  const abortedElsewhere: ProviderTransport = {
+    async *stream() {
+      yield { type: "text", delta: "说到" };
+      throw new DOMException("The operation was aborted", "AbortError");
+    },
+  };
+  const elsewhere = await consume(
+    createOpenAICompatibleModel({ provider: "course", model: "course-model", transport: abortedElsewhere }).stream(askContext("写点东西")),
+  );
+  const elsewhereLast = elsewhere.events.at(-1)!;
+  assert.equal(elsewhereLast.type, "error");
+  assert.equal(elsewhereLast.reason, "aborted");
+  assert.equal(elsewhere.result.stopReason, "aborted");
+  assert.equal(elsewhere.result.errorMessage, "The operation was aborted");
+  assert.deepEqual(elsewhere.result.content, [text("说到")]);
+
+  // 传输抛出的不是 Error（字符串、null、undefined）：照样以 error 收尾，诊断是它的字符串形式。
+  for (const thrownValue of ["boom", null, undefined]) {
+    const odd: ProviderTransport = {
+      // 一个 chunk 都不交就抛出。
+      async *stream() {
+        throw thrownValue;
+      },
+    };
+    const outcome = await consume(createOpenAICompatibleModel({ provider: "course", model: "course-model", transport: odd }).stream(askContext("写点东西")));
+    assert.equal(outcome.events.at(-1)!.type, "error", String(thrownValue));
+    assert.equal(outcome.result.stopReason, "error", String(thrownValue));
+    assert.equal(outcome.result.errorMessage, String(thrownValue));
+  }
 });
 
 test("Lab 5.2 · length 截断时参数保持原始字符串；toolUse 却给了残缺 JSON 则报错", { timeout: 1_000 }, async () => {
@@ -563,6 +609,29 @@ test("Lab 5.2 · length 截断时参数保持原始字符串；toolUse 却给了
     }).stream(askContext("随便调一个")),
   );
   assert.equal(nameless.result.errorMessage, "Tool 3 arguments 不是完整 JSON");
+
+  // id 和名字晚到：同一个下标后来的 chunk 带了就更新；只带 id、没有参数字节的 chunk 也推 toolcall_delta，delta 是空串。
+  const late = await consume(
+    createOpenAICompatibleModel({
+      provider: "course",
+      model: "course-model",
+      transport: fixedTransport([
+        { type: "tool", index: 0, argumentsDelta: '{"path":' },
+        { type: "tool", index: 0, id: "call-late" },
+        { type: "tool", index: 0, name: "read", argumentsDelta: '"a.md"}' },
+        { type: "finish", reason: "tool_calls" },
+      ]),
+    }).stream(askContext("读一下")),
+  );
+  assert.deepEqual(
+    late.events.filter((event) => event.type === "toolcall_delta").map((event) => [event.delta, event.partial.content]),
+    [
+      ['{"path":', [{ type: "toolCall", id: "call-0", name: "", arguments: '{"path":', rawArguments: '{"path":' }]],
+      ["", [{ type: "toolCall", id: "call-late", name: "", arguments: '{"path":', rawArguments: '{"path":' }]],
+      ['"a.md"}', [{ type: "toolCall", id: "call-late", name: "read", arguments: '{"path":"a.md"}', rawArguments: '{"path":"a.md"}' }]],
+    ],
+  );
+  assert.deepEqual(late.result.content, [{ type: "toolCall", id: "call-late", name: "read", arguments: { path: "a.md" }, rawArguments: '{"path":"a.md"}' }]);
 });
 
 // ---------------------------------------------------------------------------
@@ -640,13 +709,16 @@ test("Lab 5.3 · 两个交错的工具调用加尾部用量块：逐字节到达
   assert.equal(recorder.calls.length, 2);
   assertNoLeak(chunks, events, result);
 
-  // 宽容的写法同样要认：data: 后面没有空格、单独一行 data、值为 null 的字段、没有 delta 的结束块、重复同一个结束原因、
+  // 宽容的写法同样要认：data: 后面没有空格（值末尾的空格不算前导空格）、单独一行 data（只有它时是空负载，什么也不交）、
+  // 值为 null 的字段（content、tool_calls、function 也算）、只带 id 的工具增量、没有 delta 的结束块、重复同一个结束原因、
   // 用量分两块到达（其中一个字段是 null），以及最后一块之后没有空行就断开的流。
   const lenientSse = [
     `data:${JSON.stringify(chunk({ content: "" }))}\n\n`,
+    "data\n\n",
     `data\ndata: ${JSON.stringify({ choices: [{ delta: { tool_calls: [{ index: 0, id: null, type: null, function: { name: "read", arguments: null } }] } }], usage: null })}\n\n`,
+    `data:${JSON.stringify(chunk({ content: null, tool_calls: [{ index: 1, id: "call_lenient", function: null }] }))}  \n\n`,
     `data: ${JSON.stringify({ choices: [{ index: 0, finish_reason: "tool_calls" }], usage: { prompt_tokens: 5, completion_tokens: null } })}\n\n`,
-    `data: ${JSON.stringify({ choices: [{ index: 0, delta: {}, finish_reason: "tool_calls" }] })}\n\n`,
+    `data: ${JSON.stringify({ choices: [{ index: 0, delta: { content: null, tool_calls: null }, finish_reason: "tool_calls" }] })}\n\n`,
     `data: ${JSON.stringify({ choices: [], usage: { completion_tokens: 2 } })}`,
   ];
   const lenient = await startProvider(t, serveFrames(lenientSse));
@@ -655,14 +727,27 @@ test("Lab 5.3 · 两个交错的工具调用加尾部用量块：逐字节到达
   for await (const item of lenientTransport.stream(request, {})) lenientChunks.push(item);
   assert.deepEqual(lenientChunks, [
     { type: "tool", index: 0, name: "read" },
+    { type: "tool", index: 1, id: "call_lenient" },
     { type: "finish", reason: "tool_calls", usage: { input: 5, output: 2 } },
   ]);
   const lenientResult = await consume(
     createOpenAICompatibleModel({ provider: "local", model: "course-model", transport: lenientTransport }).stream(askContext("看看仓库")),
   );
-  assert.deepEqual(lenientResult.result.content, [{ type: "toolCall", id: "call-0", name: "read", arguments: {}, rawArguments: "" }]);
+  assert.deepEqual(lenientResult.result.content, [
+    { type: "toolCall", id: "call-0", name: "read", arguments: {}, rawArguments: "" },
+    { type: "toolCall", id: "call_lenient", name: "", arguments: {}, rawArguments: "" },
+  ]);
   assert.deepEqual(lenientResult.result.usage, { input: 5, output: 2, totalTokens: 7 });
   assert.equal(lenientResult.result.stopReason, "toolUse");
+
+  // [DONE] 去掉首尾空白后比较；见到它就停止读取，后面的东西（这里是一行坏 JSON）根本不看。
+  const spacedDone = await startProvider(t, serveFrames([frame(chunk({ content: "好" }, "stop")), "data:  [DONE]  \n\n", frame("{not json")]));
+  const doneChunks: ProviderChunk[] = [];
+  for await (const item of createOpenAICompatibleTransport({ baseUrl: spacedDone.origin, apiKey: API_KEY }).stream(request, {})) doneChunks.push(item);
+  assert.deepEqual(doneChunks, [
+    { type: "text", delta: "好" },
+    { type: "finish", reason: "stop" },
+  ]);
 });
 
 test("Lab 5.3 · 流结束却没有 finish_reason：以 error 收尾，已到的文本保留", NETWORK_TIMEOUT, async (t) => {
@@ -724,6 +809,72 @@ test("Lab 5.3 · 流到一半中止：最后一个事件是 aborted，partial �
   await disconnected; // 服务器确实看到连接被关掉。
   assertNoLeak(events, result);
 
+  // 注入的 fetch 不把 signal 接到 body 上：body 交出一块后永远沉默，也不理会中止。等待读取的那一刻也要被中止打断，
+  // 而不是等满 idleTimeoutMs（默认一分钟）；reader 随后被取消，body 的来源收到 cancel。
+  let bodyCancelled = false;
+  const deafFetch: typeof fetch = async () =>
+    new Response(
+      new ReadableStream<Uint8Array>({
+        start(body) {
+          body.enqueue(new TextEncoder().encode(frame(chunk({ role: "assistant", content: "还在想" }))));
+        },
+        cancel() {
+          bodyCancelled = true;
+        },
+      }),
+      { status: 200, headers: { "content-type": "text/event-stream" } },
+    );
+  const deafController = new AbortController();
+  const deafStream = createOpenAICompatibleModel({
+    provider: "local",
+    model: "course-model",
+    transport: createOpenAICompatibleTransport({ baseUrl: "https://provider.invalid/v1", apiKey: API_KEY, fetch: deafFetch }),
+  }).stream(askContext("慢慢想"), { signal: deafController.signal });
+  const deafEvents: ModelEvent[] = [];
+  for await (const event of deafStream) {
+    deafEvents.push(event);
+    if (event.type === "text_delta") deafController.abort();
+  }
+  const deafResult = await deafStream.result();
+  assert.deepEqual(deafEvents.map((event) => event.type), ["start", "text_delta", "error"]);
+  assert.equal(deafResult.stopReason, "aborted");
+  assert.equal(deafResult.errorMessage, "Request was aborted");
+  assert.deepEqual(deafResult.content, [text("还在想")]);
+  assert.equal(bodyCancelled, true, "中止后 reader 应当被取消");
+
+  // 直接用传输：signal 已中止就不发请求，抛出的是 DOMException("Request was aborted", "AbortError")；
+  // 没有人中止、fetch 却以 AbortError 失败时，对外也是这同一种中止错误，而不是脱敏后的普通 Error。
+  const streamError = async (transport: ProviderTransport, signal?: AbortSignal): Promise<unknown> => {
+    try {
+      for await (const _chunk of transport.stream({ model: "m", messages: [] }, signal ? { signal } : {})) {
+        // 不会走到这里
+      }
+    } catch (caught) {
+      return caught;
+    }
+    return undefined;
+  };
+  const untouched = recordingFetch();
+  const early = await streamError(
+    createOpenAICompatibleTransport({ baseUrl: "https://provider.invalid/v1", apiKey: API_KEY, fetch: untouched.fetch }),
+    AbortSignal.abort(),
+  );
+  const abortedByName = await streamError(
+    createOpenAICompatibleTransport({
+      baseUrl: "https://provider.invalid/v1",
+      apiKey: API_KEY,
+      fetch: async () => {
+        throw new DOMException("This operation was aborted", "AbortError");
+      },
+    }),
+  );
+  for (const [label, error] of [["signal 已中止", early], ["fetch 以 AbortError 失败", abortedByName]] as const) {
+    assert.ok(error instanceof DOMException, label);
+    assert.equal(error.name, "AbortError", label);
+    assert.equal(error.message, "Request was aborted", label);
+  }
+  assert.equal(untouched.calls.length, 0, "signal 已中止时不该发出请求");
+
   // 没有人中止，但服务器发完响应头（或第一块）之后就不再说话：idleTimeoutMs 到了就以 error 收尾。
   const silent = await startProvider(t, async (response, request) => {
     openSse(response);
@@ -767,6 +918,10 @@ test("Lab 5.3 · 畸形负载都被拒绝为 Invalid provider chunk，之前到�
       frames: [greeting, frame({ error: { message: "服务过载" } })],
       detail: /provider returned an error payload: 服务过载/,
     },
+    "/error-payload-plain": {
+      frames: [greeting, frame({ error: { code: 500 } })],
+      detail: /provider returned an error payload$/,
+    },
     "/two-choices": {
       frames: [greeting, frame({ choices: [{ index: 0, delta: {} }, { index: 1, delta: {} }] })],
       detail: /only one streamed choice is supported/,
@@ -784,6 +939,7 @@ test("Lab 5.3 · 畸形负载都被拒绝为 Invalid provider chunk，之前到�
       frames: [greeting, frame(chunk({ tool_calls: [{ index: 0, function: { arguments: "{}" } }, "x"] }))],
       detail: /tool_calls\[1\]/,
     },
+    "/tool-null": { frames: [greeting, frame(chunk({ tool_calls: [null] }))], detail: /tool_calls\[0\]/ },
     "/tool-type": {
       frames: [greeting, frame(chunk({ tool_calls: [{ index: 0, type: "code", function: { arguments: "{}" } }] }))],
       detail: /tool_calls\[0\]\.type/,
@@ -866,6 +1022,37 @@ test("Lab 5.3 · 畸形负载都被拒绝为 Invalid provider chunk，之前到�
     assert.deepEqual(result.content, [text("你好")], label);
     assertNoLeak(events, result);
   }
+
+  // 上限数的是“最后一个换行之后”的字节，恰好等于上限不算超过：第一块以一行恰好 256 字节、还没换行的 data 结尾，
+  // 第二块只有一个换行，第三块以换行开头、最后一行 data 之后只有一个换行就结束（没有空行，也没有 [DONE]）。
+  const maxLineBytes = 256;
+  const padded = (length: number): string => {
+    const line = (content: string) => `data: ${JSON.stringify(chunk({ content }))}`;
+    const content = "z".repeat(length - Buffer.byteLength(line("")));
+    assert.equal(Buffer.byteLength(line(content)), length);
+    return line(content);
+  };
+  const exactLine = padded(maxLineBytes);
+  const exactPieces = [`${greeting}${exactLine}`, "\n", `\n${frame(chunk({}, "stop")).trimEnd()}\n`];
+  const exactFetch: typeof fetch = async () =>
+    new Response(
+      new ReadableStream<Uint8Array>({
+        start(controller) {
+          for (const piece of exactPieces) controller.enqueue(new TextEncoder().encode(piece));
+          controller.close();
+        },
+      }),
+      { status: 200, headers: { "content-type": "text/event-stream" } },
+    );
+  const exact = await consume(
+    createOpenAICompatibleModel({
+      provider: "local",
+      model: "course-model",
+      transport: createOpenAICompatibleTransport({ baseUrl: "https://provider.invalid/v1", apiKey: API_KEY, fetch: exactFetch, maxLineBytes }),
+    }).stream(askContext("刚好够长")),
+  );
+  assert.equal(exact.result.stopReason, "stop", exact.result.errorMessage);
+  assert.deepEqual(exact.result.content, [text(`你好${(JSON.parse(exactLine.slice(6)) as { choices: [{ delta: { content: string } }] }).choices[0].delta.content}`)]);
 });
 
 test("Lab 5.3 · 不支持的 finish_reason 报错且不泄漏密钥", NETWORK_TIMEOUT, async (t) => {
@@ -901,6 +1088,18 @@ test("Lab 5.4 · 请求的地址、方法、signal、头和 JSON 体都精确，
     () => createOpenAICompatibleTransport({ baseUrl: "api.example.com/v1", apiKey: API_KEY }),
     { message: "OpenAI-compatible baseUrl must be an absolute URL" },
   );
+  // 两条护栏的上限同样在创建时检查：必须是正整数（0、负数、小数都不行）。
+  for (const [limits, name] of [
+    [{ maxLineBytes: 0 }, "maxLineBytes"],
+    [{ maxLineBytes: -1 }, "maxLineBytes"],
+    [{ idleTimeoutMs: 1.5 }, "idleTimeoutMs"],
+  ] as const) {
+    assert.throws(
+      () => createOpenAICompatibleTransport({ baseUrl: server.origin, apiKey: API_KEY, ...limits }),
+      { message: `OpenAI-compatible ${name} must be a positive integer` },
+      JSON.stringify(limits),
+    );
+  }
 
   const recorder = recordingFetch();
   const transport = createOpenAICompatibleTransport({ baseUrl: `${server.origin}/v1//`, apiKey: API_KEY, fetch: recorder.fetch });
@@ -991,6 +1190,8 @@ test("Lab 5.4 · fetch 失败和 HTTP 错误里的密钥都被替换成 [redacte
   assert.ok(thrown instanceof Error, "传输应当抛出 Error");
   assert.equal(Object.getPrototypeOf(thrown), Error.prototype, "对外只抛普通 Error");
   assert.match(thrown.message, /\[redacted\]/);
+  // cause 不挂出去，但它的消息（同样脱敏）写进括号里：Node 的 fetch 只说 fetch failed，真正的原因在 cause 上。
+  assert.equal(thrown.message, "connect failed while sending Bearer [redacted] (proxy rejected [redacted])");
   assert.equal(thrown.cause, undefined, "不能把带密钥的 cause 带出去");
   assert.equal(calls[0]!.input, "https://provider.invalid/v1/chat/completions");
 
@@ -1018,13 +1219,17 @@ test("Lab 5.4 · fetch 失败和 HTTP 错误里的密钥都被替换成 [redacte
   // 把回显的密钥（原文、Bearer 值、base64、base64url、URL 编码）放在截断点附近的每一个位置，
   // 错误消息、抛出的错误和每个事件里都不能出现密钥（或它的编码）任何连续 8 个字符。
   const oddKey = "sk-05+course/ODD=key?7f3a9c&x";
+  const tildeKey = "sk-~~~course~~~05~~~x"; // 它的 base64 里有 “+”，base64url 里对应 “-”
   const echoes: Array<[key: string, echo: string]> = [
     [API_KEY, `Authorization: Bearer ${API_KEY}`],
     [API_KEY, `basic=${Buffer.from(`user:${API_KEY}`).toString("base64")}`],
     [API_KEY, `url=${Buffer.from(`ab${API_KEY}`).toString("base64url")}`],
+    [API_KEY, `basic=${Buffer.from(`user:${API_KEY}:x`).toString("base64")}`],
     [oddKey, `key=${oddKey}`],
     [oddKey, `token=${encodeURIComponent(oddKey)}`],
     [oddKey, `raw=${Buffer.from(oddKey).toString("base64")}`],
+    [oddKey, `url=${Buffer.from(oddKey).toString("base64url")}`],
+    [tildeKey, `url=${Buffer.from(tildeKey).toString("base64url")}`],
   ];
   const fragments = (form: string): string[] => Array.from({ length: form.length - 7 }, (_, i) => form.slice(i, i + 8));
   const forbiddenFor = (key: string): Set<string> => {
@@ -1076,8 +1281,12 @@ test("Lab 5.4 · fetch 失败和 HTTP 错误里的密钥都被替换成 [redacte
   // 没有可说明的内容时消息保持简短：空白的错误体不加冒号，没有 body 的响应与空消息的失败各有固定说法。
   const plainFailures: Array<[Response | Error, string]> = [
     [new Response(" \n ", { status: 503 }), "OpenAI-compatible request failed with HTTP 503"],
+    [new Response(null, { status: 503 }), "OpenAI-compatible request failed with HTTP 503"],
     [new Response(null, { status: 200 }), "OpenAI-compatible response has no body"],
     [new Error(""), "OpenAI-compatible transport failed"],
+    // 消息为空时就用 cause 的消息；cause 的消息已经在正文里时不再重复。
+    [new Error("", { cause: new Error("connect ECONNREFUSED 127.0.0.1:9") }), "connect ECONNREFUSED 127.0.0.1:9"],
+    [new TypeError("fetch failed: other side closed", { cause: new Error("other side closed") }), "fetch failed: other side closed"],
   ];
   for (const [outcome, message] of plainFailures) {
     const transport = createOpenAICompatibleTransport({
@@ -1101,4 +1310,88 @@ test("Lab 5.4 · fetch 失败和 HTTP 错误里的密钥都被替换成 [redacte
   });
   const relayed = await consume(createOpenAICompatibleModel({ provider: "local", model: "course-model", transport: foreign }).stream(askContext("你好")));
   assert.match(relayed.result.errorMessage ?? "", /HTTP 502: upstream said: Bearer \[redacted\] invalid/);
+  const spaced = createOpenAICompatibleTransport({
+    baseUrl: "https://provider.invalid/v1",
+    apiKey: API_KEY,
+    fetch: async () => new Response("upstream said: Bearer   tok-upstream-91c2e7aa invalid", { status: 502 }),
+  });
+  const spacedError = await thrownBy(spaced);
+  assert.ok(spacedError instanceof Error);
+  assert.equal(spacedError.message, "OpenAI-compatible request failed with HTTP 502: upstream said: Bearer [redacted] invalid");
+
+  // 没有密钥（有的本地服务不要）：没有什么要替换的，错误体原样附上。
+  const keyless = createOpenAICompatibleTransport({
+    baseUrl: "https://provider.invalid/v1",
+    apiKey: "",
+    fetch: async () => new Response("quota exceeded for this project", { status: 429 }),
+  });
+  const keylessError = await thrownBy(keyless);
+  assert.ok(keylessError instanceof Error);
+  assert.equal(keylessError.message, "OpenAI-compatible request failed with HTTP 429: quota exceeded for this project");
+
+  // 错误体一点一点到达：按 UTF-8 流式解码（汉字被切开也不乱码），只附前 200 个字符。
+  const wordy = `错误：${"汉".repeat(300)}`;
+  const wordyBytes = new TextEncoder().encode(wordy);
+  const trickle = createOpenAICompatibleTransport({
+    baseUrl: "https://provider.invalid/v1",
+    apiKey: API_KEY,
+    fetch: async () =>
+      new Response(
+        new ReadableStream<Uint8Array>({
+          start(controller) {
+            for (let at = 0; at < wordyBytes.length; at += 7) controller.enqueue(wordyBytes.slice(at, at + 7));
+            controller.close();
+          },
+        }),
+        { status: 500 },
+      ),
+  });
+  const trickleError = await thrownBy(trickle);
+  assert.ok(trickleError instanceof Error);
+  assert.equal(trickleError.message, `OpenAI-compatible request failed with HTTP 500: ${wordy.slice(0, 200)}`);
+
+  // 错误体读到一半断了：状态码照报，已经读到的部分照样附上；断在 AbortError 上则是中止，对外是那一种中止错误。
+  const breakingBody = (failure: Error): typeof fetch => async () => {
+    let pulls = 0;
+    return new Response(
+      new ReadableStream<Uint8Array>({
+        pull(controller) {
+          pulls += 1;
+          if (pulls === 1) controller.enqueue(new TextEncoder().encode("upstream overloaded"));
+          else controller.error(failure);
+        },
+      }),
+      { status: 503 },
+    );
+  };
+  const broken = await thrownBy(
+    createOpenAICompatibleTransport({ baseUrl: "https://provider.invalid/v1", apiKey: API_KEY, fetch: breakingBody(new Error("socket reset")) }),
+  );
+  assert.ok(broken instanceof Error);
+  assert.equal(broken.message, "OpenAI-compatible request failed with HTTP 503: upstream overloaded");
+  const abortedBody = await thrownBy(
+    createOpenAICompatibleTransport({
+      baseUrl: "https://provider.invalid/v1",
+      apiKey: API_KEY,
+      fetch: breakingBody(new DOMException("The operation was aborted", "AbortError")),
+    }),
+  );
+  assert.ok(abortedBody instanceof DOMException);
+  assert.equal(abortedBody.name, "AbortError");
+  assert.equal(abortedBody.message, "Request was aborted");
+
+  // 真实服务器回 500，错误体没有尽头：只读一小段（够写进消息的前 200 个字符），然后取消读取，连接被关掉。
+  let endlessClosed!: Promise<unknown>;
+  const endless = await startProvider(t, async (response) => {
+    endlessClosed = once(response, "close");
+    response.writeHead(500, { "content-type": "text/plain" });
+    const block = "e".repeat(64 * 1024);
+    while (!response.destroyed) {
+      if (!response.write(block)) await Promise.race([once(response, "drain"), once(response, "close")]);
+    }
+  });
+  const endlessError = await thrownBy(createOpenAICompatibleTransport({ baseUrl: endless.origin, apiKey: API_KEY }));
+  assert.ok(endlessError instanceof Error);
+  assert.equal(endlessError.message, `OpenAI-compatible request failed with HTTP 500: ${"e".repeat(200)}`);
+  await endlessClosed;
 });
