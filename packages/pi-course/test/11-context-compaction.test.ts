@@ -332,6 +332,11 @@ test("Lab 11.2 · 孤儿 assistant、孤儿 result、重复 call、重复 result
     () => groupInteractions(link([userEntry("u", "问"), assistantCallEntry("a", ["known"]), resultEntry("orphan-result", "unknown", 1)])),
     /orphan-result.*unknown/,
   );
+  // 分组只收 message entry：混进来的 metadata 直接拒绝，并点出是哪一条。
+  assert.throws(
+    () => groupInteractions([userEntry("u", "问"), metadataEntry("stray-meta") as unknown as MessageSessionEntry]),
+    /stray-meta/,
+  );
 });
 
 // ---------------------------------------------------------------------------
@@ -371,6 +376,21 @@ test("Lab 11.3 · 先扣 system、预留输出与安全余量，再从最新一�
   assert.equal(noSystem.tokens.availableForMessages, 23);
   assert.equal(noSystem.messages[0]?.role, "user");
   assert.ok(noSystem.messages.every((message) => message.role !== "system"));
+
+  // “累计不超过预算就加入”：恰好用完预算的一组也放得下，差 1 个就放不下。
+  const exact = buildContext(threeRounds(true), timestampOptions(33, 4, 2));
+  assert.equal(exact.reason, "within_budget");
+  assert.deepEqual(exact.keptEntryIds, ["u1", "a1", "u2", "a2", "u3", "a3"]);
+  assert.equal(exact.tokens.availableForMessages, 24);
+  assert.equal(exact.tokens.total, 33);
+  assert.deepEqual(buildContext(threeRounds(true), timestampOptions(32, 4, 2)).keptEntryIds, ["u2", "a2", "u3", "a3"]);
+
+  // 三个预算数字都必须是非负 finite number，错误点出是哪一项。
+  for (const key of ["maxTokens", "reservedOutput", "safetyMargin"] as const) {
+    for (const bad of [-1, Number.NaN, Number.POSITIVE_INFINITY]) {
+      assert.throws(() => buildContext(threeRounds(true), { ...timestampOptions(29, 4, 2), [key]: bad }), new RegExp(key), `${key} = ${bad}`);
+    }
+  }
 });
 
 test("Lab 11.3 · 最新一组即使超预算也整组保留：single_group_overflow，总数如实超出", () => {
@@ -435,6 +455,26 @@ test("Lab 11.3 · 只在组边界裁剪；metadata 被跳过；结果是新对�
   });
   assert.deepEqual(path, before);
   assert.equal(firstText(meddling.messages[0]).text, "第一问");
+
+  // 估算器的返回值同样要是非负 finite number；它抛错时，错误说明在估算哪一条，并带上原因。
+  const failing = (fails: (message: AgentMessage) => boolean, outcome: () => number): BuildContextOptions => ({
+    ...timestampOptions(100),
+    estimateTokens: (value) => (typeof value !== "string" && fails(value) ? outcome() : 1),
+  });
+  const isA2 = (message: AgentMessage): boolean => message.role === "assistant" && textOf(message) === "第二答";
+  const isSystem = (message: AgentMessage): boolean => message.role === "system";
+  const withSystem = [systemEntry("sys", "BASE"), ...path];
+  assert.throws(() => buildContext(path, failing(isA2, () => -1)), /a2/);
+  assert.throws(() => buildContext(path, failing(isA2, () => Number.NaN)), /a2/);
+  assert.throws(() => buildContext(withSystem, failing(isSystem, () => -1)), /system/);
+  assert.throws(
+    () => buildContext(path, failing(isA2, () => { throw new Error("估算器坏了"); })),
+    (error: unknown) => error instanceof Error && /a2/.test(error.message) && error.message.includes("估算器坏了"),
+  );
+  assert.throws(
+    () => buildContext(withSystem, failing(isSystem, () => { throw new Error("估算器坏了"); })),
+    (error: unknown) => error instanceof Error && /system/.test(error.message) && error.message.includes("估算器坏了"),
+  );
 });
 
 // ---------------------------------------------------------------------------
@@ -592,6 +632,15 @@ test("Lab 11.5 · 两个压缩点只认最新的一个；结果确定、每次�
   const back = buildContext(reachingBack, unitOptions(100));
   assert.deepEqual(back.keptEntryIds, ["u2", "a2", "u3", "a3", "u4", "a4"]);
   assert.equal(back.messages.filter((message) => textOf(message).startsWith("【会话压缩摘要】")).length, 1);
+  // firstKept 可以一直退到路径上的第一条 entry。
+  const fromStart = path.map((entry) => (entry.id === "c2" && entry.type === "compaction" ? { ...entry, firstKeptEntryId: "u1" } : entry));
+  assert.deepEqual(buildContext(fromStart, unitOptions(100)).keptEntryIds, ["u1", "a1", "u2", "a2", "u3", "a3", "u4", "a4"]);
+
+  // 只认最新的压缩点，也只检查它：firstKept 在它之后、不存在、是 assistant，都拒绝并点出两者（旧压缩点本身没问题）。
+  for (const bad of ["u4", "missing", "a3"]) {
+    const broken = path.map((entry) => (entry.id === "c2" && entry.type === "compaction" ? { ...entry, firstKeptEntryId: bad } : entry));
+    assert.throws(() => buildContext(broken, unitOptions(100)), new RegExp(`c2.*${bad}`), bad);
+  }
 });
 
 test("Lab 11.5 · 对已恢复的路径再压缩：parent 是路径末尾，预算 4 里摘要占 2，只剩最后一组", () => {
@@ -619,6 +668,19 @@ test("Lab 11.5 · 对已恢复的路径再压缩：parent 是路径末尾，预�
   assert.deepEqual(result.keptEntryIds, ["u4", "a4"]);
   assert.equal(result.tokens.messages, 4);
   assert.equal(result.messages.length, 3);
+
+  // 摘要同样经过估算器：它抛错时，错误说明是在估算摘要，并带上原因。
+  assert.throws(
+    () =>
+      buildContext([...path, c2], {
+        ...unitOptions(4),
+        estimateTokens: (value) => {
+          if (typeof value !== "string" && textOf(value).startsWith("【会话压缩摘要】")) throw new Error("估不出来");
+          return 1;
+        },
+      }),
+    (error: unknown) => error instanceof Error && /摘要|compaction|summary/i.test(error.message) && error.message.includes("估不出来"),
+  );
 });
 
 test("Lab 11.5 · system 跨越压缩点从整条路径重放：只出现在最前面，不进摘要也不进后缀，且不能作为 firstKept", () => {
@@ -655,4 +717,11 @@ test("Lab 11.5 · system 跨越压缩点从整条路径重放：只出现在最�
     /patch-2.*首条 message/,
   );
   assert.deepEqual(path, before);
+
+  // 日志里已有的压缩点指向 system 或 metadata 也不行：恢复时拒绝，并点出压缩点与它指向的 entry。
+  const toSystem = path.map((entry) => (entry.type === "compaction" ? { ...entry, firstKeptEntryId: "patch-1" } : entry));
+  assert.throws(() => buildContext(toSystem, timestampOptions(100)), /c1.*patch-1/);
+  const withMeta = link<SessionEntry>([...structuredClone(path).slice(0, 6), metadataEntry("meta"), ...structuredClone(path).slice(6)]);
+  const toMeta = withMeta.map((entry) => (entry.type === "compaction" ? { ...entry, firstKeptEntryId: "meta" } : entry));
+  assert.throws(() => buildContext(toMeta, timestampOptions(100)), /c1.*meta/);
 });
