@@ -1,12 +1,16 @@
-// npm run verify [-- NN ...] — proves every checkpoint: target green with the manifest's counts, practice red for
-// the chapter's own starter reasons, faults caught, pins current, no solution in practice, COURSE.md in sync.
-import { CourseError, main, rejectUnknownOptions } from "./model/cli.js";
+// npm run verify [-- NN ...] [--fresh] — proves every checkpoint: target green with the manifest's counts, practice
+// red for the chapter's own starter reasons, faults caught, pins current, no solution in practice, COURSE.md in sync.
+// A test file whose inputs did not change since it passed earlier in the same run is not run again (test-reuse.ts);
+// --fresh runs every test file of every tree.
+import { CourseError, main, rejectUnknownOptions, takeFlag } from "./model/cli.js";
 import { loadCheckpoints, parseChapterArg } from "./model/manifest.js";
 import { ensureHistory } from "./model/history.js";
-import { verifyCheckpoint, verifyCourseTable } from "./model/verify.js";
+import { verifyAll, verifyCourseTable } from "./model/verify.js";
 import { withTempDir } from "./model/trees.js";
+import { TestReuse } from "./model/test-reuse.js";
 
 await main(async (args) => {
+  const fresh = takeFlag(args, "--fresh");
   rejectUnknownOptions(args);
   const checkpoints = loadCheckpoints();
   const wanted = args.map((arg) => {
@@ -19,9 +23,11 @@ await main(async (args) => {
   const started = Date.now();
   const info = await ensureHistory(checkpoints, { log: console.log });
   let failures = 0;
+  const reuse = new TestReuse(!fresh);
   await withTempDir("verify", async (work) => {
+    const verdicts = verifyAll(selected, info, work, reuse);
     for (const [index, c] of selected.entries()) {
-      const verdict = await verifyCheckpoint(c, info, work);
+      const verdict = await verdicts[index]!;
       const mark = verdict.findings.length === 0 ? "✓" : "✗";
       console.log(`[${index + 1}/${selected.length}] ${mark} checkpoint ${c.id} ${c.slug} · ${verdict.notes.join(" · ")}（${(verdict.ms / 1000).toFixed(1)} s）`);
       for (const f of verdict.findings) console.log(`    ✗ checkpoint ${c.id} [${f.area}] ${f.message}`);
@@ -33,6 +39,7 @@ await main(async (args) => {
     failures += 1;
   }
   const seconds = ((Date.now() - started) / 1000).toFixed(1);
+  if (reuse.enabled) console.log(`测试文件：运行 ${reuse.ranFiles} 次，沿用 ${reuse.reusedFiles} 次（输入未变；--fresh 全部重跑）`);
   console.log(failures === 0 ? `verify 通过：${selected.length} 个 checkpoint（${seconds} s）` : `verify 失败：${failures} 处问题（${seconds} s）`);
   return failures === 0 ? 0 : 1;
 });

@@ -4,12 +4,17 @@ import assert from "node:assert/strict";
 import fs from "fs-extra";
 import { loadCheckpoints } from "../scripts/model/manifest.js";
 import { type HistoryInfo, ensureHistory } from "../scripts/model/history.js";
-import { verifyCheckpoint, verifyCourseTable } from "../scripts/model/verify.js";
+import { type CheckpointVerdict, verifyAll, verifyCourseTable } from "../scripts/model/verify.js";
 import { makeTempDir } from "../scripts/model/trees.js";
+import { TestReuse } from "../scripts/model/test-reuse.js";
 
 const checkpoints = loadCheckpoints();
 let info: HistoryInfo;
 let work: string;
+// As `npm run verify` does: two checkpoints at a time, one reuse record for the whole run (a test file runs again
+// only when its inputs changed). The first test starts them all; each test waits for its own checkpoint.
+const reuse = new TestReuse();
+let verdicts: Promise<CheckpointVerdict>[] | undefined;
 
 before(async () => {
   info = await ensureHistory(checkpoints);
@@ -21,7 +26,8 @@ after(async () => {
 
 for (const c of checkpoints) {
   test(`verify · checkpoint ${c.id} ${c.slug}：目标、练习、故障、固定值与无泄漏`, async () => {
-    const verdict = await verifyCheckpoint(c, info, work);
+    verdicts ??= verifyAll(checkpoints, info, work, reuse);
+    const verdict = await verdicts[checkpoints.indexOf(c)]!;
     const report = verdict.findings.map((f) => `[${f.area}] ${f.message}`).join("\n");
     assert.equal(verdict.findings.length, 0, `checkpoint ${c.id}：\n${report}`);
   });

@@ -3,7 +3,8 @@ import fs from "fs-extra";
 import type { Checkpoint, Fault } from "./manifest.js";
 import { inTree } from "./paths.js";
 import { type PendingFault, sha256, writeDurably } from "./practice-state.js";
-import { type TestOutcome, buildPackage, compiledTest, runTests } from "./tests.js";
+import { type TestOutcome, buildPackage, compiledTest } from "./tests.js";
+import { type TestReuse, runTestsWith } from "./test-reuse.js";
 
 export type MutationPlan =
   | { ok: true; mutated: string; original: string }
@@ -118,11 +119,11 @@ export interface FaultRun { built: boolean; buildOutput: string; outcomes: TestO
  * Injects one fault into the tree at `root` (whose target must already be built), builds, runs the whole focused
  * file, and restores the file whatever happens. `outcomes` are empty when the mutated tree does not build.
  */
-export async function injectFault(root: string, c: Pick<Checkpoint, "focusedTest">, fault: Pick<Fault, "file">, mutated: string, record?: RecoveryRecord): Promise<FaultRun> {
+export async function injectFault(root: string, c: Pick<Checkpoint, "focusedTest">, fault: Pick<Fault, "file">, mutated: string, record?: RecoveryRecord, reuse?: TestReuse): Promise<FaultRun> {
   return withMutation(inTree(root, fault.file), mutated, async () => {
     const build = await buildPackage(root);
     if (!build.ok) return { built: false, buildOutput: build.output, outcomes: [] };
-    return { built: true, buildOutput: build.output, outcomes: await runTests(root, [compiledTest(c.focusedTest)]) };
+    return { built: true, buildOutput: build.output, outcomes: await runTestsWith(reuse, root, [compiledTest(c.focusedTest)]) };
   }, record);
 }
 
@@ -133,10 +134,10 @@ export function caughtExactly(fault: Pick<Fault, "test">, run: FaultRun): boolea
 }
 
 /** After restoring: rebuild and run the named tests again; true when every one of them ran and passed. */
-export async function greenAgain(root: string, c: Pick<Checkpoint, "focusedTest">, titles: string[]): Promise<boolean> {
+export async function greenAgain(root: string, c: Pick<Checkpoint, "focusedTest">, titles: string[], reuse?: TestReuse): Promise<boolean> {
   const build = await buildPackage(root);
   if (!build.ok) return false;
   const exact = titles.map((title) => new RegExp(`^${title.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}$`));
-  const outcomes = await runTests(root, [compiledTest(c.focusedTest)], { patterns: exact });
+  const outcomes = await runTestsWith(reuse, root, [compiledTest(c.focusedTest)], { patterns: exact });
   return outcomes.length === titles.length && outcomes.every((o) => o.passed);
 }

@@ -3,7 +3,7 @@
 // back from its target to its parent (`reverse.patch`: files to drop + a reverse diff of changed files).
 // Commits and tags are written as raw objects with fixed identities and dates, so the same content gives the same
 // ids on every machine, user, time zone and umask.
-import { createHash } from "node:crypto";
+import { createHash, randomUUID } from "node:crypto";
 import { execFile } from "node:child_process";
 import { promisify } from "node:util";
 import path from "node:path";
@@ -290,7 +290,8 @@ export async function ensureHistory(checkpoints: Checkpoint[], options: { root?:
 export async function materialize(dir: string, commit: string, dest: string): Promise<void> {
   await fs.ensureDir(dest);
   sweepStaleTemp();
-  const tar = path.join(checkedTmpdir(), `pi-course-tar-pid${process.pid}-${commit.slice(0, 12)}-${Date.now()}.tar`);
+  // Unique per call: verify materialises two checkpoints at once, sometimes the same commit in the same millisecond.
+  const tar = path.join(checkedTmpdir(), `pi-course-tar-pid${process.pid}-${commit.slice(0, 12)}-${randomUUID().slice(0, 8)}.tar`);
   const forget = removeOnExit(tar);
   try {
     await quietGit(dir, ["archive", "--format=tar", "-o", tar, commit]);

@@ -5,6 +5,7 @@ import { CourseError } from "./cli.js";
 import { type Lab, labPattern } from "./manifest.js";
 import { PACKAGE_DIR, inTree } from "./paths.js";
 import { type TestOutcome, buildPackage, compiledTest, firstLines, labOf, prepareTests } from "./tests.js";
+import type { TestReuse } from "./test-reuse.js";
 
 export interface ChapterSpec { id: string; focusedTest?: string; labs?: Lab[] }
 
@@ -25,11 +26,13 @@ export function focusedCompiled(root: string, spec: ChapterSpec): string {
 
 /**
  * Builds the package in `root` and runs one lab (`lab` = "13.1") or the whole chapter (`lab` undefined).
- * Zero matched tests is an error, never a green run.
+ * Zero matched tests is an error, never a green run. With `reuse` (verify proving a fault command), a run whose
+ * inputs are those of an earlier passing run is taken from it (test-reuse.ts).
  */
-export async function runLab(root: string, spec: ChapterSpec, lab?: string): Promise<LabReport> {
+export async function runLab(root: string, spec: ChapterSpec, lab?: string, reuse?: TestReuse): Promise<LabReport> {
   checkLab(spec, lab);
   const file = focusedCompiled(root, spec);
+  if (reuse) return runLabReusing(root, spec, lab, file, reuse);
   // The test process starts now and boots while tsc builds; it gets the file once the build is done.
   const tests = prepareTests(root, file, lab ? { patterns: [labPattern(lab)] } : {});
   let buildMs: number;
@@ -47,6 +50,15 @@ export async function runLab(root: string, spec: ChapterSpec, lab?: string): Pro
   const started = Date.now();
   const outcomes = await tests.go();
   return judgeLab(spec, lab, file, outcomes, buildMs, Date.now() - started);
+}
+
+/** runLab() for verify: build first (the inputs are the build's output), then run or reuse. */
+async function runLabReusing(root: string, spec: ChapterSpec, lab: string | undefined, file: string, reuse: TestReuse): Promise<LabReport> {
+  const build = await buildPackage(root);
+  if (!build.ok) throw new CourseError(`构建失败（tsc）：先修好下面的类型错误，再重新运行。\n${firstLines(build.output, 30)}`);
+  const started = Date.now();
+  const { outcomes } = await reuse.runTests(root, [file], lab ? { patterns: [labPattern(lab)] } : {});
+  return judgeLab(spec, lab, file, outcomes, build.ms, Date.now() - started);
 }
 
 /** Refuses a lab the chapter does not have (when its labs are known). */

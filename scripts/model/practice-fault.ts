@@ -12,6 +12,7 @@ import { inTree } from "./paths.js";
 import { PENDING_FAULT, faultLine, recordFaultDone, recoverPendingFault } from "./practice-state.js";
 import type { PracticeManifest } from "./practice-tree.js";
 import { firstLines } from "./tests.js";
+import type { TestReuse } from "./test-reuse.js";
 
 export type Log = (line: string) => void;
 
@@ -44,13 +45,13 @@ export function editLines(find: string, replace: string): string[] {
  * Shows the fault red and green again in `root` (built already); true when exactly its named test went red and came
  * back. `withRecord` writes the recovery record first (a learner's folder; a temporary copy does not need one).
  */
-export async function exercise(root: string, spec: Pick<PracticeManifest, "focusedTest">, fault: Fault, mutated: string, log: Log, withRecord = true): Promise<boolean> {
+export async function exercise(root: string, spec: Pick<PracticeManifest, "focusedTest">, fault: Fault, mutated: string, log: Log, withRecord = true, reuse?: TestReuse): Promise<boolean> {
   log(`② 注入故障 ${fault.id}：${fault.description}`);
   log(`   文件：${fault.file}`);
   for (const edit of fault.mutation) for (const line of editLines(edit.find, edit.replace)) log(`   ${line}`);
   log(`③ 构建并运行整份聚焦测试（应当只有 "${fault.test}" 变红）：`);
   const record = { path: path.join(root, PENDING_FAULT), fault: fault.id, repoFile: fault.file };
-  const run = await injectFault(root, spec, fault, mutated, withRecord ? record : undefined);
+  const run = await injectFault(root, spec, fault, mutated, withRecord ? record : undefined, reuse);
   if (!run.built) throw new CourseError(`注入故障后构建失败（文件已恢复）：\n${firstLines(run.buildOutput, 20)}`);
   const red = run.outcomes.filter((o) => !o.passed);
   log(`  聚焦测试：${run.outcomes.length - red.length}/${run.outcomes.length} 通过`);
@@ -59,7 +60,7 @@ export async function exercise(root: string, spec: Pick<PracticeManifest, "focus
     for (const line of firstLines(o.error).split("\n")) log(`      ${line}`);
   }
   log(`④ 已恢复 ${fault.file}，重新构建并运行 "${fault.test}"：`);
-  const green = await greenAgain(root, spec, [fault.test]);
+  const green = await greenAgain(root, spec, [fault.test], reuse);
   log(`  ${green ? "✓" : "✗"} ${fault.test}`);
   if (caughtExactly(fault, run) && green) {
     log(`结论：故障只让 "${fault.test}" 变红，恢复后它重新变绿。`);
@@ -73,9 +74,10 @@ export async function exercise(root: string, spec: Pick<PracticeManifest, "focus
 
 /**
  * The fault exercise `fault` of the practice folder at `root` (whose manifest is `spec`). Returns the exit code;
- * refusals (missing file, no install, chapter not green yet) throw one CourseError line.
+ * refusals (missing file, no install, chapter not green yet) throw one CourseError line. verify passes its `reuse`:
+ * step ①'s run then comes from the target's identical run, and the red run ③ always runs (its input is new).
  */
-export async function faultInPractice(root: string, spec: PracticeManifest, fault: Fault, log: Log): Promise<number> {
+export async function faultInPractice(root: string, spec: PracticeManifest, fault: Fault, log: Log, reuse?: TestReuse): Promise<number> {
   const recovered = recoverPendingFault(root);
   if (recovered) log(recovered);
   if (!fs.existsSync(inTree(root, fault.file)))
@@ -86,7 +88,7 @@ export async function faultInPractice(root: string, spec: PracticeManifest, faul
   log(`① 先确认第 ${spec.id} 章全绿（故障练习要在你的实现全部通过之后做）…`);
   let report;
   try {
-    report = await runLab(root, spec);
+    report = await runLab(root, spec, undefined, reuse);
   } catch (error) {
     if (error instanceof CourseError) throw new CourseError(`第 ${spec.id} 章还没有通过，先不做故障练习：\n${error.message}`);
     throw error;
@@ -104,7 +106,7 @@ export async function faultInPractice(root: string, spec: PracticeManifest, faul
     log(manualSteps(fault, `npm run lab -w @pi/course -- ${fault.lab}`));
     return 1;
   }
-  const caught = await exercise(root, spec, fault, plan.mutated, log);
+  const caught = await exercise(root, spec, fault, plan.mutated, log, true, reuse);
   if (caught) {
     recordFaultDone(root, { id: fault.id, lab: fault.lab, test: fault.test });
     log(`已记下：${faultLine(fault)}（npm run lab -w @pi/course -- ${Number(spec.id)} 的验收记录里会有这一行）`);

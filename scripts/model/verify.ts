@@ -9,7 +9,8 @@ import { PENDING_FAULT, faultLine } from "./practice-state.js";
 import { courseTableCurrent } from "./docs.js";
 import { FORBIDDEN_IN_PRACTICE, faultCommand, readPracticeManifest, unsealFault, writePracticeTree } from "./practice-tree.js";
 import { PACKAGE_DIR, ROOT, inTree } from "./paths.js";
-import { buildPackage, compiledTest, compiledTests, firstLines, labOf, runTests } from "./tests.js";
+import { buildPackage, compiledTest, compiledTests, firstLines, labOf } from "./tests.js";
+import { TestReuse } from "./test-reuse.js";
 import { linkNodeModules } from "./trees.js";
 import { HINT_RUNGS, quotedCodeLines } from "./hints.js";
 
@@ -149,7 +150,12 @@ export function recordFaultLineProblems(text: string, c: Pick<Checkpoint, "fault
     : [`验收记录的故障行应是（紧挨在 chapter total 之前）：${expected.join(" / ")}；现在是：${given.join(" / ")}`];
 }
 
-export async function verifyCheckpoint(c: Checkpoint, info: HistoryInfo, work: string): Promise<CheckpointVerdict> {
+/**
+ * Proves one checkpoint. `reuse` carries the passing test runs of earlier checkpoints of the same verify run (a
+ * test file whose inputs did not change is not run again, see test-reuse.ts); by default only the target's runs
+ * serve the practice tree of the same checkpoint.
+ */
+export async function verifyCheckpoint(c: Checkpoint, info: HistoryInfo, work: string, reuse = new TestReuse()): Promise<CheckpointVerdict> {
   const started = Date.now();
   const findings: Finding[] = [];
   const notes: string[] = [];
@@ -203,7 +209,7 @@ export async function verifyCheckpoint(c: Checkpoint, info: HistoryInfo, work: s
   let targetGreen = false;
   if (!targetBuild.ok) fail("目标", `target 构建失败：\n${firstLines(targetBuild.output, 12)}`);
   else {
-    const outcomes = await runTests(target, compiledTests(target));
+    const { outcomes, reused } = await reuse.runTests(target, compiledTests(target));
     for (const o of outcomes.filter((x) => !x.passed)) fail("目标", `${o.file} · ${o.name} 失败：${firstLines(o.error)}`);
     const focused = outcomes.filter((o) => o.file === focusedFile);
     for (const lab of c.labs) {
@@ -213,7 +219,7 @@ export async function verifyCheckpoint(c: Checkpoint, info: HistoryInfo, work: s
     }
     for (const o of focused) if (!c.labs.some((lab) => lab.tests.includes(o.name))) fail("目标", `聚焦测试里有清单没有列出的测试：${o.name}`);
     targetGreen = outcomes.length > 0 && outcomes.every((o) => o.passed);
-    notes.push(`目标 ${focused.filter((o) => o.passed).length}/${totalTests(c)}（共 ${outcomes.filter((o) => o.passed).length}/${outcomes.length} 项含前序章节）`);
+    notes.push(`目标 ${focused.filter((o) => o.passed).length}/${totalTests(c)}（共 ${outcomes.filter((o) => o.passed).length}/${outcomes.length} 项含前序章节${reusedNote(reused)}）`);
   }
 
   // (b) practice + (e) leaks
@@ -247,13 +253,13 @@ export async function verifyCheckpoint(c: Checkpoint, info: HistoryInfo, work: s
   const practiceBuild = await buildPackage(practice);
   if (!practiceBuild.ok) fail("练习", `练习目录构建失败（脚手架必须能在 parent 上编译）：\n${firstLines(practiceBuild.output, 12)}`);
   else {
-    const outcomes = await runTests(practice, compiledTests(practice), { timeout: 30_000 });
+    const { outcomes, reused } = await reuse.runTests(practice, compiledTests(practice), { timeout: 30_000 });
     const focused = outcomes.filter((o) => o.file === focusedFile);
     const others = outcomes.filter((o) => o.file !== focusedFile);
     for (const o of others.filter((x) => !x.passed)) fail("练习", `前序章节的测试在练习目录里失败：${o.file} · ${o.name}：${firstLines(o.error)}`);
     if (c.mode === "观察") {
       for (const o of focused.filter((x) => !x.passed)) fail("练习", `观察模式的练习目录应当全绿：${o.name}`);
-      notes.push(`练习 ${focused.filter((o) => o.passed).length}/${focused.length}（观察）`);
+      notes.push(`练习 ${focused.filter((o) => o.passed).length}/${focused.length}（观察${reusedNote(reused)}）`);
     } else {
       const expected = totalTests(c);
       if (focused.length !== expected) fail("练习", `练习目录里聚焦测试运行了 ${focused.length} 项，应为 ${expected} 项`);
@@ -264,7 +270,7 @@ export async function verifyCheckpoint(c: Checkpoint, info: HistoryInfo, work: s
       const first = focused.find((o) => o.name === c.labs[0]!.tests[0]);
       if (first && !first.passed && !first.error.includes(c.firstRed))
         fail("练习", `第一个 lab 的第一项测试应以 "${c.firstRed}" 失败，实际：${firstLines(first.error)}`);
-      notes.push(`练习 ${focused.filter((o) => o.passed).length}/${expected} 红（脚手架）`);
+      notes.push(`练习 ${focused.filter((o) => o.passed).length}/${expected} 红（脚手架${reusedNote(reused)}）`);
     }
   }
 
@@ -278,7 +284,7 @@ export async function verifyCheckpoint(c: Checkpoint, info: HistoryInfo, work: s
       const fault = unsealFault(sealed);
       const log: string[] = [];
       try {
-        const code = await faultInPractice(practice, spec, fault, (line) => log.push(line));
+        const code = await faultInPractice(practice, spec, fault, (line) => log.push(line), reuse);
         if (code === 0) { caught += 1; continue; }
         fail("故障", `${faultCommand(c.id, fault.id)}（在全绿的练习目录里）没有成功：\n${log.slice(-8).map((l) => `      ${l}`).join("\n")}`);
       } catch (error) {
@@ -296,6 +302,40 @@ export async function verifyCheckpoint(c: Checkpoint, info: HistoryInfo, work: s
   await fs.remove(target);
   await fs.remove(practice);
   return { id: c.id, findings, notes, ms: Date.now() - started };
+}
+
+/** "；其中 12 个测试文件输入未变，沿用已通过的结果" — or nothing when every file ran. */
+function reusedNote(reused: number): string {
+  return reused === 0 ? "" : `；${reused} 个测试文件的输入未变，沿用已通过的结果`;
+}
+
+/** Checkpoints verified at once: each runs its test files one at a time, so two keep both cores of a small machine busy. */
+export const VERIFY_LANES = 2;
+
+/**
+ * Starts verifying `checkpoints` (in order, `lanes` at a time, sharing one `reuse`) and returns one promise per
+ * checkpoint, in the same order, so a caller can report each as soon as it and those before it are done. Each
+ * checkpoint has its own folders below `work`; the promises never reject (an exception becomes a finding).
+ */
+export function verifyAll(checkpoints: Checkpoint[], info: HistoryInfo, work: string, reuse: TestReuse, lanes = VERIFY_LANES): Promise<CheckpointVerdict>[] {
+  const settle: Array<(verdict: CheckpointVerdict) => void> = [];
+  const verdicts = checkpoints.map((c) => new Promise<CheckpointVerdict>((resolve) => { settle[checkpoints.indexOf(c)] = resolve; }));
+  let next = 0;
+  const lane = async (): Promise<void> => {
+    while (next < checkpoints.length) {
+      const index = next++;
+      const c = checkpoints[index]!;
+      const started = Date.now();
+      try {
+        settle[index]!(await verifyCheckpoint(c, info, work, reuse));
+      } catch (error) {
+        const message = error instanceof Error ? error.stack ?? error.message : String(error);
+        settle[index]!({ id: c.id, findings: [{ area: "verify", message: `检查中途出错：${message}` }], notes: [], ms: Date.now() - started });
+      }
+    }
+  };
+  for (let i = 0; i < Math.max(1, Math.min(lanes, checkpoints.length)); i += 1) void lane();
+  return verdicts;
 }
 
 export function verifyCourseTable(checkpoints: Checkpoint[]): Finding[] {
