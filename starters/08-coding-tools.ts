@@ -34,6 +34,8 @@ export interface CodingToolsOptions {
   maxBashOutputBytes?: number;
   /** bash 的超时毫秒数，默认 30_000。 */
   bashTimeoutMs?: number;
+  /** 超时或取消时，整组 SIGTERM 之后再等多少毫秒补发 SIGKILL，默认 100。 */
+  bashKillGraceMs?: number;
   /** bash 默认去掉名字含 KEY、TOKEN、SECRET、PASSWORD、CREDENTIAL（不分大小写）的环境变量；这里点名的例外。 */
   bashEnvAllowList?: readonly string[];
 }
@@ -93,6 +95,7 @@ interface Settings {
   maxReadLines: number;
   maxBashOutputBytes: number;
   bashTimeoutMs: number;
+  bashKillGraceMs: number;
   bashEnvAllowList: readonly string[];
 }
 
@@ -104,6 +107,7 @@ export function createCodingTools(input: CodingToolsOptions): ToolRegistry {
     maxReadLines: input.maxReadLines ?? 240,
     maxBashOutputBytes: input.maxBashOutputBytes ?? 96_000,
     bashTimeoutMs: input.bashTimeoutMs ?? 30_000,
+    bashKillGraceMs: input.bashKillGraceMs ?? 100,
     bashEnvAllowList: [...(input.bashEnvAllowList ?? [])],
   };
   const registry = new ToolRegistry();

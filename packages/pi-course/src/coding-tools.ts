@@ -40,6 +40,8 @@ export interface CodingToolsOptions {
   maxBashOutputBytes?: number;
   /** bash 的超时毫秒数，默认 30_000。 */
   bashTimeoutMs?: number;
+  /** 超时或取消时，整组 SIGTERM 之后再等多少毫秒补发 SIGKILL，默认 100。 */
+  bashKillGraceMs?: number;
   /**
    * bash 默认不把名字里含 KEY、TOKEN、SECRET、PASSWORD、CREDENTIAL（不分大小写）的环境变量交给命令；
    * 这里点名的变量例外，照常传下去。
@@ -112,6 +114,7 @@ interface Settings {
   maxReadLines: number;
   maxBashOutputBytes: number;
   bashTimeoutMs: number;
+  bashKillGraceMs: number;
   bashEnvAllowList: readonly string[];
 }
 
@@ -123,6 +126,7 @@ export function createCodingTools(input: CodingToolsOptions): ToolRegistry {
     maxReadLines: input.maxReadLines ?? 240,
     maxBashOutputBytes: input.maxBashOutputBytes ?? 96_000,
     bashTimeoutMs: input.bashTimeoutMs ?? 30_000,
+    bashKillGraceMs: input.bashKillGraceMs ?? 100,
     bashEnvAllowList: [...(input.bashEnvAllowList ?? [])],
   };
   const registry = new ToolRegistry();
@@ -489,8 +493,6 @@ function replaceExactlyOnce(source: string, edit: EditOperation, index: number):
 /** 行首或空白、`;`、`&`、`|` 之后紧跟 `/`、`~/` 或 `../`：视为显式的绝对路径或上级路径。 */
 const PATH_GUARDRAIL = /(^|[\s;&|])(?:\/|~\/|\.\.\/)/;
 const TRUNCATION_NOTE = "\n… [输出已截断]";
-/** SIGTERM 之后再等多久补一个 SIGKILL。 */
-const KILL_GRACE_MS = 100;
 /** 进程组被 SIGKILL 之后，再给输出管道多少毫秒把剩下的字节交完；之后就不再等它们关闭。 */
 const PIPE_DRAIN_MS = 200;
 const DETACHED_NOTE = "\n[进程组已结束，但还有进程拿着输出管道（可能是用 setsid、nohup 等脱离了进程组的后代），它可能仍在运行]";
@@ -591,7 +593,7 @@ async function runCommand(
       setTimeout(() => {
         signalProcessGroup(child, "SIGKILL");
         resolve();
-      }, KILL_GRACE_MS);
+      }, settings.bashKillGraceMs);
     });
     void Promise.all([exited, killStep]).then(() => {
       drainTimer = setTimeout(letGo, PIPE_DRAIN_MS);

@@ -641,14 +641,16 @@ test("Lab 8.5 · 超时与取消都结束整个进程组，连忽略 SIGTERM 的
     `trap 'printf term > ${marker}; exit 0' TERM; ${ready === undefined ? "" : `printf ready > ${ready}; `}sleep 30 > out.log 2>&1 & wait`;
 
   // 超时从启动 shell 时算起，测试没法等它说“准备好了”；给足 2 秒，负载很高的机器上 trap 也早已装好。
-  const timed = await run(tools(root, { bashTimeoutMs: 2_000 }), "bash", { command: trapping("timeout-term.txt") });
+  // trap 要在 SIGKILL 之前轮到 CPU 才写得下标记：负载很高时默认的 100 ms 不够，这两处把宽限放宽到 1 秒。
+  const graceful = { bashKillGraceMs: 1_000 };
+  const timed = await run(tools(root, { bashTimeoutMs: 2_000, ...graceful }), "bash", { command: trapping("timeout-term.txt") });
   assert.equal(timed.isError, true, outputOf(timed));
   assert.equal(bashDetails(timed).timedOut, true);
   assert.equal(bashDetails(timed).aborted, false);
   assert.equal(existsSync(path.join(root, "timeout-term.txt")), true, "超时应先发 SIGTERM，让子进程有机会收尾");
 
   const controller = new AbortController();
-  const pending = run(tools(root), "bash", { command: trapping("abort-term.txt", "abort-ready.txt") }, controller.signal);
+  const pending = run(tools(root, graceful), "bash", { command: trapping("abort-term.txt", "abort-ready.txt") }, controller.signal);
   await waitForFile(path.join(root, "abort-ready.txt"));
   controller.abort();
   const cancelled = await pending;
@@ -658,7 +660,8 @@ test("Lab 8.5 · 超时与取消都结束整个进程组，连忽略 SIGTERM 的
   assert.equal(existsSync(path.join(root, "abort-term.txt")), true);
 
   if (process.platform === "win32") return;
-  // 孙进程忽略 SIGTERM，并继承了输出管道：只有整组 SIGKILL 才能让命令在它写下 late.txt 之前结束。
+  // 孙进程忽略 SIGTERM，并继承了输出管道：只有整组 SIGKILL 才能让命令在它写下 late.txt 之前结束（默认 100 ms 宽限；
+  // 3 秒远在其后，负载再高也不会被误判）。
   await writeFile(
     path.join(root, "parent.cjs"),
     [
@@ -673,7 +676,7 @@ test("Lab 8.5 · 超时与取消都结束整个进程组，连忽略 SIGTERM 的
       "const fs = require('node:fs');",
       "process.on('SIGTERM', () => {});",
       "fs.writeFileSync('grandchild-ready.txt', String(process.pid));",
-      "setTimeout(() => fs.writeFileSync('late.txt', 'too late'), 1000);",
+      "setTimeout(() => fs.writeFileSync('late.txt', 'too late'), 3000);",
     ].join("\n"),
   );
   const groupController = new AbortController();
