@@ -47,8 +47,8 @@ export class EventStream<T, R = T> implements AsyncIterable<T> {
     // Lab 2.2：队列为空而流还没结束时，登记一个等待者并等它被 push 或 end 唤醒；
     //          被 done: true 唤醒就结束迭代。
     // 两个实验都要改写这整个方法。下面这一行只负责挑一条报错提示，请整体替换掉。
-    // 做 Lab 2.1 时，"队列空又未结束"的分支先抛出 labError("Lab 2.2 iterator waiting")，
+    // 做 Lab 2.1 时，"队列空又未结束"的分支先抛出 labError("Lab 2.2 先读后推的等待")，
     // 不要留一个既不交出事件也不 await 的空转循环，那会把测试进程卡死。
-    throw labError(this.queue.length > 0 || this.done ? "Lab 2.1 iterator" : "Lab 2.2 iterator waiting");
+    throw labError(this.queue.length > 0 || this.done ? "Lab 2.1 先推后读的迭代" : "Lab 2.2 先读后推的等待");
   }
 }

@@ -123,11 +123,11 @@ export async function runAgentLoop(options: AgentLoopOptions): Promise<AgentRunR
         }
         // 施工位（Lab 9.4）：模型可能没理会 signal，照常给出了完整文本。
         // 这时本次 run 应该以什么原因结束？这项检查必须排在下面两个队列之前。
-        if (options.signal?.aborted) throw labError("Lab 9.4 text-stop abort");
+        if (options.signal?.aborted) throw labError("Lab 9.4 纯文本 stop 时的取消");
         // 施工位（Lab 9.5）：纯文本 stop 也是完整边界。取到 steering 就写进 transcript、继续本次 run；
         // 没有 steering 时才轮到 follow-up；两条队列都空，才真正以 stop 结束。
-        if ((options.takeSteeringMessages?.() ?? []).length > 0) throw labError("Lab 9.5 text-stop steering");
-        if ((options.takeFollowUpMessages?.() ?? []).length > 0) throw labError("Lab 9.5 natural-stop follow-up");
+        if ((options.takeSteeringMessages?.() ?? []).length > 0) throw labError("Lab 9.5 纯文本 stop 后的 steering");
+        if ((options.takeFollowUpMessages?.() ?? []).length > 0) throw labError("Lab 9.5 自然结束后的 follow-up");
         return finish("stop", steps);
 
       case "toolUse": {
@@ -137,7 +137,7 @@ export async function runAgentLoop(options: AgentLoopOptions): Promise<AgentRunR
         if (options.signal?.aborted) return finish("aborted", steps);
         // 施工位（Lab 9.5）：整批结果已按调用顺序写完，这里是 steering 的另一个入口：
         // 取到的消息按 FIFO 追加，随后进入下一次模型请求。follow-up 不在这里取。
-        if ((options.takeSteeringMessages?.() ?? []).length > 0) throw labError("Lab 9.5 tool-batch steering");
+        if ((options.takeSteeringMessages?.() ?? []).length > 0) throw labError("Lab 9.5 工具批次后的 steering");
         break;
       }
     }
@@ -168,7 +168,7 @@ async function collectModelTurn(
     // 第 07 章让整个 run 失败，前面执行过的工具调用与结果也随之丢失。本章要改成返回一条
     // 内容为空的 assistant：signal 已取消时 stopReason 为 aborted，否则为 error，异常文字放进
     // errorMessage。循环随后按已有的 error / aborted 分支结束。
-    throw labError("Lab 9.2 model failure");
+    throw labError("Lab 9.2 模型请求失败");
   }
 }
 
@@ -226,7 +226,7 @@ function guardCloneable(result: ToolResultMessage): void {
   try {
     structuredClone(result);
   } catch {
-    throw labError("Lab 9.3 structured-cloneable tool result");
+    throw labError("Lab 9.3 可结构化复制的工具结果");
   }
 }
 

@@ -74,7 +74,7 @@ interface ActiveRun {
  * 提示：确认 event.type === "loop" 后先写 `const loop = event.event`，再按 loop.type 分支。
  */
 export function reduceAgentState(state: AgentState, event: AgentEvent): AgentState {
-  throw labError("Lab 9.1 reducer");
+  throw labError("Lab 9.1 派生公开状态");
 }
 
 export class Agent {
@@ -87,12 +87,12 @@ export class Agent {
 
   /** Lab 9.2（Lab 9.3 检查副本）：返回内部状态的深副本。 */
   getState(): AgentState {
-    throw labError("Lab 9.2 lifecycle");
+    throw labError("Lab 9.2 run 的生命周期");
   }
 
   /** Lab 9.2：只读；按第 03 章的规则重放 transcript 里的 system 消息。 */
   get systemPrompt(): string | undefined {
-    throw labError("Lab 9.2 lifecycle");
+    throw labError("Lab 9.2 run 的生命周期");
   }
 
   /**
@@ -101,17 +101,17 @@ export class Agent {
    * 等当前事件通知完所有人再处理；每个订阅者拿自己的深副本；某个订阅者抛错只追加一条诊断。
    */
   subscribe(listener: AgentListener): () => void {
-    throw labError("Lab 9.2 lifecycle");
+    throw labError("Lab 9.2 run 的生命周期");
   }
 
   /** Lab 9.5：把一条 user 消息排进当前 run 的 steering FIFO；没有当前 run 或已过 turn_end 时拒绝。 */
   steer(value: string): void {
-    throw labError("Lab 9.5 queues");
+    throw labError("Lab 9.5 两条队列");
   }
 
   /** Lab 9.5：同上，但排进 follow-up FIFO。拒绝的错误文字要包含“只在当前 run 尚未结束”。 */
   followUp(value: string): void {
-    throw labError("Lab 9.5 queues");
+    throw labError("Lab 9.5 两条队列");
   }
 
   /** Lab 9.4：只取消当前 run 的控制器；空闲时什么也不做；自己不发布 run_end。 */
@@ -128,6 +128,6 @@ export class Agent {
    * 4. 收到结果后：先只清理“自己创建的那一份” ActiveRun，再发布唯一的 run_end，最后返回结果的深副本。
    */
   prompt(value: string, options: PromptOptions = {}): Promise<AgentRunResult> {
-    throw labError("Lab 9.2 lifecycle");
+    throw labError("Lab 9.2 run 的生命周期");
   }
 }

@@ -116,12 +116,12 @@ export class InMemorySessionStore implements SessionStore {
    * 调用者拿到自己这次操作的 Promise；尾链本身要吞掉错误，一次失败不能卡住后面的操作。
    */
   append(entry: SessionEntry): Promise<void> {
-    return Promise.reject(labError("Lab 10.3 InMemory append"));
+    return Promise.reject(labError("Lab 10.3 内存存储的 append"));
   }
 
   /** 等此前排队的操作都结束，再返回已提交 entry 的深副本。 */
   entries(): Promise<SessionEntry[]> {
-    return Promise.reject(labError("Lab 10.3 InMemory entries"));
+    return Promise.reject(labError("Lab 10.3 内存存储的 entries"));
   }
 }
 
@@ -155,7 +155,7 @@ export class JsonlSessionStore implements SessionStore {
    * 发现未提交尾部时实例仍可读，但 append 必须拒绝（说明文件、第几行，以及用 JsonlSessionStore.repair 修复），且不碰 IO。
    */
   static open(file: string, io?: SessionFileIO, options?: JsonlSessionStoreOptions): Promise<JsonlSessionStore> {
-    return Promise.reject(labError("Lab 10.5 Jsonl open"));
+    return Promise.reject(labError("Lab 10.5 JSONL 存储的 open"));
   }
 
   /**
@@ -163,12 +163,12 @@ export class JsonlSessionStore implements SessionStore {
    * 否则先把整份文件备份成 <文件>.torn-<时间>.bak，再把文件截到最后一个换行之后。
    */
   static repair(file: string): Promise<TornTailRepair> {
-    return Promise.reject(labError("Lab 10.5 Jsonl repair"));
+    return Promise.reject(labError("Lab 10.5 JSONL 存储的 repair"));
   }
 
   /** 污染或撕裂尾部时以与 append 相同的错误拒绝，否则什么也不做。 */
   ensureWritable(): Promise<void> {
-    return Promise.reject(labError("Lab 10.5 Jsonl ensureWritable"));
+    return Promise.reject(labError("Lab 10.5 JSONL 存储的 ensureWritable"));
   }
 
   /**
@@ -178,17 +178,17 @@ export class JsonlSessionStore implements SessionStore {
    * 同一实例的第二次 appendFile 必须等第一次结束才能开始。
    */
   append(entry: SessionEntry): Promise<void> {
-    return Promise.reject(labError("Lab 10.5 Jsonl append"));
+    return Promise.reject(labError("Lab 10.5 JSONL 存储的 append"));
   }
 
   /** 等排队的写入结束；污染时用原错误拒绝；否则重新读文件并恢复。 */
   read(): Promise<SessionReadResult> {
-    return Promise.reject(labError("Lab 10.5 Jsonl read"));
+    return Promise.reject(labError("Lab 10.5 JSONL 存储的 read"));
   }
 
   /** 就是 read() 的 entries 部分。 */
   entries(): Promise<SessionEntry[]> {
-    return Promise.reject(labError("Lab 10.5 Jsonl entries"));
+    return Promise.reject(labError("Lab 10.5 JSONL 存储的 entries"));
   }
 }
 

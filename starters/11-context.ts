@@ -66,7 +66,7 @@ export interface CreateCompactionInput {
  * - 保持原顺序，返回副本。
  */
 export function groupInteractions(entries: readonly MessageSessionEntry[]): InteractionGroup[] {
-  throw labError("Lab 11.2 interaction groups");
+  throw labError("Lab 11.2 切分交互组");
 }
 
 /**
@@ -78,8 +78,8 @@ export function groupInteractions(entries: readonly MessageSessionEntry[]): Inte
  * 5. 返回 [system?, 摘要?, ...选中的消息]（全部是副本）、选中的 entry id、reason 与完整算式。
  */
 export function buildContext(activePath: readonly SessionEntry[], options: BuildContextOptions): BuildContextResult {
-  if (activePath.some((entry) => entry.type === "compaction")) throw labError("Lab 11.5 resume compaction");
-  throw labError("Lab 11.3 budget projection");
+  if (activePath.some((entry) => entry.type === "compaction")) throw labError("Lab 11.5 从压缩点恢复");
+  throw labError("Lab 11.3 按预算组装上下文");
 }
 
 /**
@@ -88,5 +88,5 @@ export function buildContext(activePath: readonly SessionEntry[], options: Build
  * parentId 由路径末尾推出；结果经 parseSessionEntry 校验与复制；不写 store，不改路径。
  */
 export function createCompactionEntry(activePath: readonly SessionEntry[], input: CreateCompactionInput): CompactionSessionEntry {
-  throw labError("Lab 11.4 create compaction");
+  throw labError("Lab 11.4 生成压缩点");
 }

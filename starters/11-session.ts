@@ -417,7 +417,7 @@ export function parseSessionEntry(value: unknown): SessionEntry {
       // parentId 不能是 null；firstKeptEntryId 非空白；tokensBefore 是非负 finite number；
       // summary 正好七个栏目：goal 非空白，其余六个都是 string[]（旧别名与多余字段一律拒绝）。
       // 和其他类型一样，返回逐字段重建的新对象。
-      throw labError("Lab 11.1 compaction entry");
+      throw labError("Lab 11.1 压缩条目");
     default:
       return fail(`${label}.type`, `不是已知的 entry 类型：${shown(fields.type)}`);
   }

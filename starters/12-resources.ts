@@ -83,7 +83,7 @@ export const RESOURCE_SECTION = "pi-resources";
  * 返回深复制的 catalog（四个列表）。
  */
 export async function discoverResources(roots: readonly string[]): Promise<ResourceCatalog> {
-  throw labError("Lab 12.1 resource catalog");
+  throw labError("Lab 12.1 合成资源目录");
 }
 
 // ---------------------------------------------------------------------------
@@ -102,7 +102,7 @@ export async function activateSkill(
   name: string,
   options: ActivateSkillOptions = {},
 ): Promise<ActivatedSkill> {
-  throw labError("Lab 12.2 skill activation");
+  throw labError("Lab 12.2 按需激活 skill");
 }
 
 // ---------------------------------------------------------------------------
@@ -117,7 +117,7 @@ export function renderTemplate(
   template: TemplateResource,
   args: Readonly<Record<string, string>>,
 ): UserMessage {
-  throw labError("Lab 12.3 resource context");
+  throw labError("Lab 12.3 模板与资源段落");
 }
 
 /**
@@ -130,7 +130,7 @@ export function formatResourceContext(
   catalog: ResourceCatalog,
   activatedSkills: readonly ActivatedSkill[],
 ): string {
-  throw labError("Lab 12.3 resource context");
+  throw labError("Lab 12.3 模板与资源段落");
 }
 
 // ---------------------------------------------------------------------------
@@ -262,7 +262,7 @@ interface ExtensionStaging {
  * close() 之后任何注册都要抛错（信息含 `已关闭`）。
  */
 function stageExtension(state: HostState, extensionId: string): ExtensionStaging {
-  throw labError("Lab 12.4 extension staging");
+  throw labError("Lab 12.4 暂存与提交");
 }
 
 /**
@@ -270,7 +270,7 @@ function stageExtension(state: HostState, extensionId: string): ExtensionStaging
  * 全部通过后才注册 tool、追加带 id 的 hook、记下 id。任何检查失败时什么都不写。
  */
 function commitExtension(state: HostState, staging: ExtensionStaging): void {
-  throw labError("Lab 12.4 extension staging");
+  throw labError("Lab 12.4 暂存与提交");
 }
 
 /**
@@ -282,7 +282,7 @@ export async function loadExtension(
   source: ExtensionSource,
   options: LoadExtensionOptions,
 ): Promise<LoadExtensionResult> {
-  throw labError("Lab 12.4 trust loader");
+  throw labError("Lab 12.4 信任闸门");
 }
 
 // ---------------------------------------------------------------------------
@@ -300,5 +300,5 @@ export async function loadExtension(
  * - onDiagnostic 收到副本，它自己抛错要吞掉；超时诊断信息为 `<hook>:<extId> timed out`。
  */
 function wrapWithHooks(state: HostState, coreExecutor: ToolExecutor): ToolExecutor {
-  throw labError("Lab 12.5 hook pipeline");
+  throw labError("Lab 12.5 hook 管线");
 }

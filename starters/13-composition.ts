@@ -101,17 +101,17 @@ class RuntimeImpl implements Runtime {
   // - 任何一次 append 失败：记住这个错误，Runtime 从此中毒，不重试；
   // - 最后一条 append 完成后才 resolve，返回结果的深副本。
   prompt(value: string): Promise<AgentRunResult> {
-    return Promise.reject(labError("Lab 13.3 prompt persistence"));
+    return Promise.reject(labError("Lab 13.3 prompt 落盘"));
   }
 
   // 等待当前队列尾；中毒则抛出同一个错误。不创建新任务。
   flush(): Promise<void> {
-    return Promise.reject(labError("Lab 13.3 prompt persistence"));
+    return Promise.reject(labError("Lab 13.3 prompt 落盘"));
   }
 
   // 立刻关闭入口，等待已经接受的工作；重复调用返回同一个 Promise。
   dispose(): Promise<void> {
-    return Promise.reject(labError("Lab 13.3 prompt persistence"));
+    return Promise.reject(labError("Lab 13.3 prompt 落盘"));
   }
 }
 
@@ -136,7 +136,7 @@ export function createContextProjectingModel(
   config: Pick<RuntimeConfig, "context">,
   getSnapshot: () => ContextProjectionSnapshot,
 ): Model {
-  throw labError("Lab 13.2 context projection");
+  throw labError("Lab 13.2 每次请求重新投影");
 }
 
 /**

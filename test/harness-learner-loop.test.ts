@@ -235,14 +235,14 @@ test("依赖的红灯：Lab 9.3 的测试因 Lab 9.2 的脚手架标签失败时
   const report = {
     file: "f", buildMs: 0, testMs: 0, ok: false,
     verdicts: [
-      { lab: "9.2", expected: 1, passed: 0, ran: 1, outcomes: [outcome("Lab 9.2 · a", "Lab 9.2 lifecycle 尚未实现")] },
-      { lab: "9.3", expected: 1, passed: 0, ran: 1, outcomes: [outcome("Lab 9.3 · b", "Lab 9.2 lifecycle 尚未实现")] },
+      { lab: "9.2", expected: 1, passed: 0, ran: 1, outcomes: [outcome("Lab 9.2 · a", "Lab 9.2 run 的生命周期 尚未实现")] },
+      { lab: "9.3", expected: 1, passed: 0, ran: 1, outcomes: [outcome("Lab 9.3 · b", "Lab 9.2 run 的生命周期 尚未实现")] },
     ],
   };
   const text = formatLabReport(report, false).split("\n");
-  assert.deepEqual(text.slice(0, 3), ["Lab 9.2: 0/1", "  ✗ Lab 9.2 · a", "      Lab 9.2 lifecycle 尚未实现"]);
+  assert.deepEqual(text.slice(0, 3), ["Lab 9.2: 0/1", "  ✗ Lab 9.2 · a", "      Lab 9.2 run 的生命周期 尚未实现"]);
   assert.equal(text[3], "Lab 9.3: 0/1（等待 Lab 9.2）");
-  assert.equal(text[5], "      Lab 9.3 等待 Lab 9.2：这项测试要用到 Lab 9.2 的部分，它还没实现（Lab 9.2 lifecycle 尚未实现）。");
+  assert.equal(text[5], "      Lab 9.3 等待 Lab 9.2：这项测试要用到 Lab 9.2 的部分，它还没实现（Lab 9.2 run 的生命周期 尚未实现）。");
   assert.ok(labPattern("9.3").test("Lab 9.3 · b"));
 });
 

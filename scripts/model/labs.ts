@@ -92,7 +92,7 @@ export function compareLab(a: string, b: string): number {
 }
 
 /**
- * The other lab a red test is waiting for: its failure is another lab's starter label (`Lab 9.2 lifecycle 尚未实现`
+ * The other lab a red test is waiting for: its failure is another lab's starter label (`Lab 9.2 run 的生命周期 尚未实现`
  * in a Lab 9.3 test), so the fix is there, not here.
  */
 export function waitingFor(lab: string, error: string): { lab: string; label: string } | undefined {
