@@ -74,7 +74,7 @@ function labError(lab: string): Error {
  * drain = executePendingJobs，再调用 stalled；这两步抛出的异常（中断、内存耗尽）变成 done ok:false。
  */
 async function main(data: CodemodeWorkerData): Promise<void> {
-  throw labError("Lab 16.1 codemode worker");
+  throw labError("Lab 16.1 codemode 工作线程");
 }
 
 // >>> 已给出：入口——import 这个文件就开始运行 main；意外失败报告为 crash

@@ -170,13 +170,13 @@ class Execution {
   /** 期限从构造时算起，加载 wasm、启动 worker、等工具都算在里面。到点就以 timeout 结束并拉下中断标志。 */
   #armDeadline(timeoutMs: number): void {
     void timeoutMs;
-    throw labError("Lab 16.3 deadline");
+    throw labError("Lab 16.3 执行期限");
   }
 
   /** 调用者的 signal：已经中止就立刻结束；否则中止时以 aborted 结束，原因是 Error 时沿用它的 message。 */
   #watchSignal(signal: AbortSignal): void {
     void signal;
-    throw labError("Lab 16.3 abort signal");
+    throw labError("Lab 16.3 中止信号");
   }
 
   /** 加载 wasm、启动 worker、接上三种事件。已经结束（例如 signal 早已中止）时什么也不做。 */

@@ -212,7 +212,7 @@ async function collectModelTurn(
   // Lab 18.2 施工位：有钩子时，在构造好 context 之后、同一个 try 里先问钩子（原因来自 requestReason），
   // 用它给的模型（否则用配置的模型）发请求；选项是 { signal }，钩子给了 thinkingLevel 才加上。
   // 钩子抛错与模型失败走同一个 catch。没有钩子时不许多出一次 await。
-  if (options.prepareRequest !== undefined) throw labError("Lab 18.2 prepareRequest hook");
+  if (options.prepareRequest !== undefined) throw labError("Lab 18.2 prepareRequest 钩子");
   try {
     const stream = options.model.stream(
       { messages, tools: options.tools.definitions() },

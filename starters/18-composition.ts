@@ -9,7 +9,7 @@
 //
 // 第 18 章脚手架：第 13 章起的 Runtime 原样保留；新增的类型已给全。施工位只在新路径上抛出 stub：
 //   Lab 18.3  RuntimeRequestSession：deps.prepareRequest 存在时，构造 Runtime 就会抛出
-//   Lab 18.3  persist pending metadata：本轮消息之后追加钩子缓冲的 metadata
+//   Lab 18.3  写入缓冲的 metadata：本轮消息之后，把钩子缓冲的 metadata 逐条追加
 //   Lab 18.3  Runtime.appendMetadata：排进 operation 队列的一条 metadata
 
 import { Agent, type AgentEvent, type AgentState, type PromptOptions } from "./agent.js";
@@ -440,7 +440,7 @@ class RuntimeImpl implements Runtime {
     }
     // Lab 18.3 施工位：消息之后，把本轮缓冲的 metadata 逐条追加（每条一次 createId、一次 now()，
     // 成功后推进 leaf，失败让 Runtime 中毒）；无论成败，本轮结束时清空缓冲。
-    if (this.pendingMetadata.length > 0) throw labError("Lab 18.3 persist pending metadata");
+    if (this.pendingMetadata.length > 0) throw labError("Lab 18.3 写入缓冲的 metadata");
   }
 }
 

@@ -432,7 +432,7 @@ export class DurableHarness {
    * 这条回复排在 inputEntryCount 之后，所以重发的请求与当初那次一模一样。
    */
   async #recoverPartial(taskId: string): Promise<void> {
-    throw labError("Lab 19.4 partial output recovery");
+    throw labError("Lab 19.4 恢复流到一半的输出");
   }
 
   /**
