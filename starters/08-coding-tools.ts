@@ -4,7 +4,7 @@
 // 以及路径解析里 unrestricted 模式那一半（它只是 path.resolve）。
 // 留给你的是每个工具真正的行为、workspace 边界检查和修改队列。
 // 每个施工位都会抛出 “Lab 8.x … 尚未实现”；经过第 06 章的执行器后，你会在结果里看到
-// 形如 “Tool read failed: Lab 8.1 Read 尚未实现” 的文字。
+// 形如 “Tool read failed: Lab 8.1 read 的行窗口 尚未实现” 的文字。
 
 import path from "node:path";
 
@@ -146,7 +146,7 @@ function readTool(settings: Settings): Tool<{ path: string; offset?: number; lim
     description: "按行读取 UTF-8 文件，受行数和字节上限约束，超出时给出续读位置",
     schema: objectSchema({ path: stringValue, offset: optionalPositiveInteger, limit: optionalPositiveInteger }),
     async execute(parameters): Promise<ToolOutput<ReadDetails>> {
-      throw labError("Lab 8.1 Read");
+      throw labError("Lab 8.1 read 的行窗口");
     },
   };
 }
@@ -164,7 +164,7 @@ function writeTool(settings: Settings): Tool<{ path: string; content: string }, 
     schema: objectSchema({ path: stringValue, content: stringValue }),
     async execute(parameters): Promise<ToolOutput<WriteDetails>> {
       await resolveToolPath(settings, parameters.path);
-      throw labError("Lab 8.3 Write");
+      throw labError("Lab 8.3 原子 write");
     },
   };
 }
@@ -217,7 +217,7 @@ function editTool(settings: Settings): Tool<unknown, EditDetails> {
         : undefined;
       if (typeof filePath !== "string") throw new Error("path 必须是 string");
       await resolveToolPath(settings, filePath);
-      throw labError("Lab 8.4 Edit");
+      throw labError("Lab 8.4 全有或全无的 edit");
     },
   };
 }
@@ -236,7 +236,7 @@ function bashTool(settings: Settings): Tool<{ command: string }, BashDetails> {
     description: "在 workspace 中运行一条 shell 命令：可取消、有超时、输出有字节上限",
     schema: objectSchema({ command: stringValue }),
     async execute(parameters, context: ToolContext): Promise<ToolOutput<BashDetails>> {
-      throw labError("Lab 8.5 Bash");
+      throw labError("Lab 8.5 可取消的 bash");
     },
   };
 }
