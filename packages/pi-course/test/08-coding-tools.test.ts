@@ -304,7 +304,8 @@ test("Lab 8.3 · write 原子替换目录项，覆盖目录时失败且不留临
   const file = path.join(root, "nested", "deep", "note.txt");
 
   const created = await run(registry, "write", { path: "nested/deep/note.txt", content: "first" });
-  expectOk(created);
+  // 结果是一句说明写入了多少字节的话（措辞随你，数字要对）。
+  assert.match(expectOk(created), /(^|\D)5(\D|$)/, "结果文字应当说明写入了 5 字节");
   assert.deepEqual(detailsOf<WriteDetails>(created), { path: file, bytes: 5 });
   assert.equal(await readFile(file, "utf8"), "first");
 
@@ -312,7 +313,7 @@ test("Lab 8.3 · write 原子替换目录项，覆盖目录时失败且不留临
   const witness = path.join(root, "witness.txt");
   await link(file, witness);
   const replaced = await run(registry, "write", { path: "nested/deep/note.txt", content: "第二版" });
-  expectOk(replaced);
+  assert.match(expectOk(replaced), /(^|\D)9(\D|$)/, "结果文字应当说明写入了 9 字节");
   assert.deepEqual(detailsOf<WriteDetails>(replaced), { path: file, bytes: 9 });
   assert.equal(await readFile(file, "utf8"), "第二版");
   assert.equal(await readFile(witness, "utf8"), "first");
@@ -425,13 +426,14 @@ test("Lab 8.4 · 一批有先后依赖的精确替换一次写回，newText 为�
       { oldText: "gamma beta", newText: "done" },
     ],
   });
-  expectOk(batch);
+  // 结果是一句说明完成了几处替换的话（措辞随你，数字要对）。
+  assert.match(expectOk(batch), /(^|\D)2(\D|$)/, "结果文字应当说明完成了 2 处替换");
   assert.equal(await readFile(file, "utf8"), "done\nkeep me\n");
   assert.equal(await readFile(witness, "utf8"), "alpha beta\nkeep me\n");
   assert.deepEqual(detailsOf<EditDetails>(batch), { path: file, oldBytes: 19, newBytes: 13, edits: 2 });
 
   const removal = await run(registry, "edit", { path: "status.txt", oldText: "keep me\n", newText: "" });
-  expectOk(removal);
+  assert.match(expectOk(removal), /(^|\D)1(\D|$)/, "结果文字应当说明完成了 1 处替换");
   assert.equal(await readFile(file, "utf8"), "done\n");
   assert.deepEqual(detailsOf<EditDetails>(removal), { path: file, oldBytes: 13, newBytes: 5, edits: 1 });
 
@@ -595,6 +597,7 @@ test("Lab 8.5 · 预先取消的 signal：不启动命令，直接返回 aborted
     truncated: false,
   });
   assert.equal(existsSync(path.join(root, "started.txt")), false, "命令不该被启动");
+  assert.notEqual(outputOf(result).trim(), "", "结果里要有一句话告诉模型命令没有启动");
 });
 
 test("Lab 8.5 · stdout 与 stderr 共用一份字节预算，超出时截断并附提示", async (t) => {
@@ -781,6 +784,8 @@ test("Lab 8.6 · Agent 循环用 read → edit → bash 完成一个小任务", 
     offered.map((tool) => tool.name),
     ["read", "write", "edit", "bash"],
   );
+  // 模型靠 description 判断该用哪个工具：每个都得有一句话（措辞不限）。
+  for (const tool of offered) assert.notEqual(tool.description.trim(), "", `${tool.name} 的 description 不能为空`);
   assert.deepEqual(offered.find((tool) => tool.name === "edit")?.parameters, {
     type: "object",
     properties: {
