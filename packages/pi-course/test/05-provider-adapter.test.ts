@@ -1380,6 +1380,33 @@ test("Lab 5.4 · fetch 失败和 HTTP 错误里的密钥都被替换成 [redacte
   assert.equal(abortedBody.name, "AbortError");
   assert.equal(abortedBody.message, "Request was aborted");
 
+  // 错误体很长（1 MiB，一次交出 1 KiB）：最多读 16 KiB 就不再读，并取消读取。
+  let pulledBytes = 0;
+  let longBodyCancelled = false;
+  const longBody = createOpenAICompatibleTransport({
+    baseUrl: "https://provider.invalid/v1",
+    apiKey: API_KEY,
+    fetch: async () =>
+      new Response(
+        new ReadableStream<Uint8Array>({
+          pull(controller) {
+            if (pulledBytes >= 1024 * 1024) return controller.close();
+            pulledBytes += 1024;
+            controller.enqueue(new TextEncoder().encode("l".repeat(1024)));
+          },
+          cancel() {
+            longBodyCancelled = true;
+          },
+        }),
+        { status: 500 },
+      ),
+  });
+  const longError = await thrownBy(longBody);
+  assert.ok(longError instanceof Error);
+  assert.equal(longError.message, `OpenAI-compatible request failed with HTTP 500: ${"l".repeat(200)}`);
+  assert.ok(pulledBytes <= 20 * 1024, `错误体只该读约 16 KiB，实际读了 ${pulledBytes} 字节`);
+  assert.equal(longBodyCancelled, true, "读够之后应当取消读取");
+
   // 真实服务器回 500，错误体没有尽头：只读一小段（够写进消息的前 200 个字符），然后取消读取，连接被关掉。
   let endlessClosed!: Promise<unknown>;
   const endless = await startProvider(t, async (response) => {
