@@ -242,7 +242,10 @@ test("Lab 8.2 · workspace 拒绝词法越界和经由符号链接的逃逸，�
   // 打开的不是普通文件也拒绝：字符设备 /dev/null 读起来是空的，不能当成一个空文件交回去。
   if (process.platform !== "win32") {
     const loose = tools(root, { containment: "unrestricted" });
-    assert.equal((await run(loose, "read", { path: "/dev/null" })).isError, true, "字符设备不是普通文件");
+    const device = await run(loose, "read", { path: "/dev/null" });
+    assert.equal(device.isError, true, "字符设备不是普通文件");
+    // 和路径错误一样，错误里放着模型给的原始路径。
+    assert.match(outputOf(device), /\/dev\/null/);
   }
 
   // 写 workspace 根目录本身（`.` 或根的绝对路径）：在建任何临时文件之前就拒绝，根目录外面什么也不出现。
