@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { existsSync } from "node:fs";
+import { existsSync, readdirSync } from "node:fs";
 import { link, mkdir, mkdtemp, readdir, readFile, realpath, rename, rm, stat, symlink, unlink, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
@@ -112,6 +112,34 @@ function recordMutationRuns(t: TestContext): Array<{ key: string; queue: Mutatio
   return runs;
 }
 
+/** 本进程此刻打开着的文件描述符个数（/dev/fd 在 Linux 与 macOS 上都有）；没有 /dev/fd 的平台返回 undefined。 */
+function openDescriptors(): number | undefined {
+  return existsSync("/dev/fd") ? readdirSync("/dev/fd").length : undefined;
+}
+
+/**
+ * 跑完 work 之后，打开的文件描述符不该变多（允许几个无关的波动）：工具用完文件要关掉。
+ * 忘了关的 FileHandle 若恰好被垃圾回收，Node 会替你关掉并发出 “Closing file descriptor … on garbage collection”
+ * 警告——这同样算泄漏，所以两样都看。
+ */
+async function expectNoDescriptorLeak(work: () => Promise<void>, label: string): Promise<void> {
+  const collected: string[] = [];
+  const onWarning = (warning: Error): void => {
+    if (/Closing file descriptor/.test(warning.message)) collected.push(warning.message);
+  };
+  process.on("warning", onWarning);
+  const before = openDescriptors();
+  try {
+    await work();
+    await new Promise((resolve) => setImmediate(resolve));
+  } finally {
+    process.off("warning", onWarning);
+  }
+  const after = openDescriptors();
+  assert.deepEqual(collected, [], `${label}时有文件没关，被垃圾回收关掉了`);
+  if (before !== undefined && after !== undefined) assert.ok(after - before < 5, `${label}之后多了 ${after - before} 个打开的文件描述符`);
+}
+
 async function leftoverTemporaries(root: string): Promise<string[]> {
   const entries = await readdir(root, { recursive: true });
   return entries.filter((entry) => entry.includes(".pi-tmp-"));
@@ -156,6 +184,11 @@ test("Lab 8.1 · 行数上限与 offset：只显示窗口内的行，并给出�
   const elsewhere = await workspace(t, "read-elsewhere");
   await writeFile(path.join(elsewhere, "far.txt"), "far away");
   assert.equal(expectOk(await run(registry, "read", { path: path.join(elsewhere, "far.txt") })), "   1│ far away");
+
+  // 读完就关：连读 30 次，进程打开的文件描述符不会越来越多（长时间运行的 Agent 会读成千上万次）。
+  await expectNoDescriptorLeak(async () => {
+    for (let round = 0; round < 30; round += 1) expectOk(await run(registry, "read", { path: "four.txt", limit: 1 }));
+  }, "连读 30 次");
 });
 
 test("Lab 8.1 · 字节预算：只返回放得下的完整行，续读从下一行开始，一行都放不下就报错", async (t) => {
@@ -455,16 +488,19 @@ test("Lab 8.4 · 一批有先后依赖的精确替换一次写回，newText 为�
   await mkdir(path.join(root, "sub"));
   await symlink(path.join(root, "sub"), path.join(root, "link"));
   const shared = path.join(root, "sub", "f.txt");
-  for (let round = 0; round < 20; round += 1) {
-    await writeFile(shared, "one two\n");
-    const [first, second] = await Promise.all([
-      run(registry, "edit", { path: "sub/f.txt", oldText: "one", newText: "1" }),
-      run(registry, "edit", { path: "link/f.txt", oldText: "two", newText: "2" }),
-    ]);
-    expectOk(first);
-    expectOk(second);
-    assert.equal(await readFile(shared, "utf8"), "1 2\n", `第 ${round} 轮：两次 edit 都报告成功，却丢了一次修改`);
-  }
+  // 40 次 edit 之后打开的文件描述符也不会变多：每次读完、写完都关掉了。
+  await expectNoDescriptorLeak(async () => {
+    for (let round = 0; round < 20; round += 1) {
+      await writeFile(shared, "one two\n");
+      const [first, second] = await Promise.all([
+        run(registry, "edit", { path: "sub/f.txt", oldText: "one", newText: "1" }),
+        run(registry, "edit", { path: "link/f.txt", oldText: "two", newText: "2" }),
+      ]);
+      expectOk(first);
+      expectOk(second);
+      assert.equal(await readFile(shared, "utf8"), "1 2\n", `第 ${round} 轮：两次 edit 都报告成功，却丢了一次修改`);
+    }
+  }, "40 次 edit");
   const realShared = path.join(await realpath(root), "sub", "f.txt");
   assert.ok(runs.slice(3).every((entry) => entry.key === realShared), "两种拼法必须排进同一个 key");
   assert.deepEqual(await leftoverTemporaries(root), []);
@@ -557,6 +593,13 @@ test("Lab 8.5 · bash 在 workspace 里运行，保留退出码，guardrail 拦�
   assert.equal(killed.isError, true);
   assert.equal(outputOf(killed), "(exit signal)");
   assert.equal(bashDetails(killed).exitCode, null);
+
+  // shell 根本起不来（这里是 cwd 已经被删掉）：子进程的 error 事件让工具抛错，执行器交回失败结果，而不是挂住或崩溃。
+  const gone = path.join(root, "gone");
+  await mkdir(gone);
+  const orphaned = tools(gone);
+  await rm(gone, { recursive: true });
+  expectError(await run(orphaned, "bash", { command: "printf unreachable" }), /ENOENT/);
 
   // 命令拿不到看起来像密钥的环境变量（名字含 KEY、TOKEN、SECRET、PASSWORD、CREDENTIAL），除非 allow-list 点名。
   const planted = {
