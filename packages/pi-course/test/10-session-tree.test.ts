@@ -97,6 +97,19 @@ function ids(entries: readonly SessionEntry[]): string[] {
   return entries.map((item) => item.id);
 }
 
+/**
+ * 断言 parseSessionEntry 拒绝 sample，错误以失败位置开头、后面跟着原因：`<路径> <原因>`。
+ * 路径可以比 at 更深一层或几层（例如 at 是某个内容块，错误指向它的 type 字段）。
+ */
+function rejectsAt(sample: unknown, at: string, label: string): void {
+  const escaped = at.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+  assert.throws(() => parseSessionEntry(sample), (error: unknown) => {
+    assert.ok(error instanceof Error, `${label}：应抛出 Error`);
+    assert.match(error.message, new RegExp(`^${escaped}(?:[.[][^ ]*)? \\S`), `${label}：错误应以 ${at} 开头并写出原因`);
+    return true;
+  }, label);
+}
+
 // ---------------------------------------------------------------------------
 // 异步小工具与内存版文件 IO
 // ---------------------------------------------------------------------------
@@ -355,6 +368,48 @@ test("Lab 10.2 · 带 toolCall 的 assistant、tool result 与 metadata 往返�
 
   (toolCallOf(call).arguments as { lines: number[] }).lines.length = 0;
   assert.deepEqual((toolCallOf(parsedCall).arguments as { lines: number[] }).lines, [1, 2, 3]);
+
+  // 五种 stopReason、带 errorMessage 的失败回答、没有 details 的结果都原样往返；可选字段没有就不补。
+  const plain = toolResult("call-2", "read", "纯文本结果", null);
+  delete plain.details;
+  const others: SessionEntry[] = [
+    entry("s-length", null, { ...assistant("被截断"), stopReason: "length" }),
+    entry("s-error", null, { ...assistant(""), stopReason: "error", errorMessage: "provider 503" }),
+    entry("s-aborted", null, { ...assistant("半句"), stopReason: "aborted" }),
+    entry("r-plain", null, plain),
+  ];
+  for (const source of others) {
+    assert.deepEqual(parseSessionEntry(source), source);
+    assert.deepEqual(parseSessionEntry(JSON.parse(JSON.stringify(source))), source);
+  }
+  assert.equal(Object.hasOwn(messageOf(parseSessionEntry(others[3])), "details"), false);
+
+  // 类型允许的“键在、值为 undefined”也照收，且原样保留这个键（内存 store 直接收 Agent 给出的消息）。
+  const undefinedOptionals: SessionEntry[] = [
+    entry("u-error", null, { ...assistant("x"), errorMessage: undefined }),
+    entry("u-raw", null, { ...assistant("x"), content: [{ type: "toolCall", id: "c", name: "read", arguments: {}, rawArguments: undefined }] }),
+    entry("u-details", null, { ...toolResult("c", "read", "ok", null), details: undefined }),
+    entry("u-sections", null, { role: "system", content: "S", sections: undefined, timestamp: 1 }),
+  ];
+  for (const source of undefinedOptionals) assert.deepEqual(parseSessionEntry(source), source);
+
+  // JSON 值的几种合法形状：原型为 null 的对象、兄弟位置上的同一个对象（不是循环）、JSON 里名为 __proto__ 的键。
+  const bare = Object.create(null) as Record<string, JsonValue>;
+  bare.k = "v";
+  const shared = { n: 1 };
+  const fromJson = JSON.parse('{"__proto__":{"polluted":true},"ok":1}') as JsonValue;
+  const shapes = parseSessionEntry(metadata("shapes", null, "shapes", { bare, pair: { a: shared, b: shared }, fromJson }));
+  assert.ok(shapes.type === "metadata");
+  assert.deepEqual(shapes.value, { bare: { k: "v" }, pair: { a: { n: 1 }, b: { n: 1 } }, fromJson });
+  const copied = (shapes.value as { fromJson: Record<string, unknown> }).fromJson;
+  assert.equal(Object.getPrototypeOf(copied), Object.prototype, "__proto__ 键不能改掉副本的原型");
+  assert.deepEqual(Object.keys(copied), ["__proto__", "ok"]);
+  assert.equal((copied as { polluted?: unknown }).polluted, undefined);
+  // 副本上的这个键是普通字段：能改、能删，来源不受影响。
+  copied["__proto__"] = "在副本上改写";
+  assert.equal(copied["__proto__"], "在副本上改写");
+  assert.ok(delete copied["__proto__"]);
+  assert.deepEqual(Object.keys(fromJson as object), ["__proto__", "ok"]);
 });
 
 test("Lab 10.2 · system message 的 sections 被复制，null 删除指令保留，没写 sections 就不补这个键", () => {
@@ -383,48 +438,93 @@ test("Lab 10.2 · 拒绝矩阵：结构、类型、角色、多余字段与 JSON
 
   const base = { id: "bad", parentId: null, timestamp: 1, type: "message", message: user("x") };
   const system = (extra: Record<string, unknown>) => ({ ...base, message: { role: "system", content: "S", timestamp: 1, ...extra } });
+  const userWith = (extra: Record<string, unknown>) => ({ ...base, message: { ...user("x"), ...extra } });
+  const assistantWith = (extra: Record<string, unknown>) => ({ ...base, message: { ...assistant("x"), ...extra } });
+  const resultWith = (extra: Record<string, unknown>) => ({ ...base, message: { ...toolResult("call-1", "run", "ok", null), ...extra } });
+  const meta = (value: unknown) => ({ id: "bad", parentId: null, timestamp: 1, type: "metadata", key: "k", value });
   const calling = callingAssistant("call-1", "run", { command: "ls" });
+  const call = (extra: Record<string, unknown>) => assistantWith({ content: [{ type: "toolCall", id: "call-1", name: "run", arguments: {}, ...extra }] });
   const cyclic: Record<string, unknown> = { name: "loop" };
   cyclic.self = cyclic;
   const withGetter = Object.defineProperty({}, "secret", { get: () => "x", enumerable: true });
+  const withHidden = Object.defineProperty({ shown: 1 }, "hidden", { value: 2, enumerable: false });
+  const withSymbol = { ok: 1, [Symbol("tag")]: 2 };
+  class TextBlocks extends Array<unknown> {}
+  const subclassed = TextBlocks.from([{ type: "text", text: "x" }]);
+  const holey: unknown[] = [{ type: "text", text: "a" }];
+  holey[2] = { type: "text", text: "c" };
+  const { isError: _isError, ...resultWithoutIsError } = toolResult("call-1", "run", "ok", null);
+  const { id: _id, ...withoutId } = base;
 
-  const cases: Array<[string, unknown]> = [
-    ["根是数组", [base]],
-    ["根是字符串", "entry"],
-    ["id 是空串", { ...base, id: "" }],
-    ["id 只有空白", { ...base, id: "   " }],
-    ["parentId 是空串", { ...base, parentId: "" }],
-    ["timestamp 是 NaN", { ...base, timestamp: Number.NaN }],
-    ["timestamp 是 Infinity", { ...base, timestamp: Number.POSITIVE_INFINITY }],
-    ["未知 type：本章还没有 compaction", { id: "bad", parentId: null, timestamp: 1, type: "compaction", summary: {} }],
-    ["message entry 缺少 message", { id: "bad", parentId: null, timestamp: 1, type: "message" }],
-    ["未知角色 tool", { ...base, message: { role: "tool", content: [], timestamp: 1 } }],
-    ["system content 不是 string", system({ content: 42 })],
-    ["system sections 是数组", system({ sections: ["RULE"] })],
-    ["section 的值是数字", system({ sections: { rules: 1 } })],
-    ["system 多出 toolsAdded 字段", system({ toolsAdded: [] })],
-    ["user 多出未知字段", { ...base, message: { ...user("x"), name: "alice" } }],
-    ["user 内容里有 image 块", { ...base, message: { role: "user", content: [{ type: "image", data: "AAAA", mimeType: "image/png" }], timestamp: 1 } }],
-    ["usage 里有 NaN", { ...base, message: { ...assistant("x"), usage: { input: Number.NaN, output: 0, totalTokens: 0 } } }],
-    ["usage 是负数", { ...base, message: { ...assistant("x"), usage: { input: -1, output: 0, totalTokens: 0 } } }],
-    ["未知 stopReason", { ...base, message: { ...assistant("x"), stopReason: "finished" } }],
-    ["toolCall 参数里有函数", { ...base, message: { ...calling, content: [calling.content[0], { type: "toolCall", id: "call-1", name: "run", arguments: { callback: () => 1 } }] } }],
-    ["toolCall id 是空串", { ...base, message: { ...calling, content: [{ type: "toolCall", id: "", name: "run", arguments: {} }] } }],
-    ["tool result details 里有 Infinity", { ...base, message: { ...toolResult("call-1", "run", "ok", null), details: { ratio: Number.POSITIVE_INFINITY } } }],
-    ["tool result 缺少 isError", { ...base, message: { role: "toolResult", toolCallId: "call-1", toolName: "run", content: [], timestamp: 1 } }],
-    ["metadata value 是 undefined", { id: "bad", parentId: null, timestamp: 1, type: "metadata", key: "k", value: undefined }],
-    ["metadata value 是 BigInt", { id: "bad", parentId: null, timestamp: 1, type: "metadata", key: "k", value: 10n }],
-    ["metadata value 是 class 实例", { id: "bad", parentId: null, timestamp: 1, type: "metadata", key: "k", value: new Date(0) }],
-    ["metadata value 有循环引用", { id: "bad", parentId: null, timestamp: 1, type: "metadata", key: "k", value: cyclic }],
-    ["metadata value 带 getter", { id: "bad", parentId: null, timestamp: 1, type: "metadata", key: "k", value: withGetter }],
-    ["metadata key 是空串", { id: "bad", parentId: null, timestamp: 1, type: "metadata", key: "", value: 1 }],
-    ["顶层多出未知字段", { ...base, extra: true }],
+  const message = "session entry bad.message";
+  const cases: Array<[string, unknown, string]> = [
+    ["根是数组", [base], "session entry"],
+    ["根是字符串", "entry", "session entry"],
+    ["根是 null", null, "session entry"],
+    ["根是 undefined", undefined, "session entry"],
+    ["缺少 id", withoutId, "session entry.id"],
+    ["id 是空串", { ...base, id: "" }, "session entry.id"],
+    ["id 只有空白", { ...base, id: "   " }, "session entry.id"],
+    ["id 是数字", { ...base, id: 5 }, "session entry.id"],
+    ["parentId 是空串", { ...base, parentId: "" }, "session entry bad.parentId"],
+    ["timestamp 是 NaN", { ...base, timestamp: Number.NaN }, "session entry bad.timestamp"],
+    ["timestamp 是 Infinity", { ...base, timestamp: Number.POSITIVE_INFINITY }, "session entry bad.timestamp"],
+    ["未知 type：本章还没有 compaction", { id: "bad", parentId: null, timestamp: 1, type: "compaction", summary: {} }, "session entry bad"],
+    ["message entry 缺少 message", { id: "bad", parentId: null, timestamp: 1, type: "message" }, message],
+    ["message 是 null", { ...base, message: null }, message],
+    ["未知角色 tool", { ...base, message: { role: "tool", content: [], timestamp: 1 } }, `${message}.role`],
+    ["system content 不是 string", system({ content: 42 }), `${message}.content`],
+    ["system timestamp 是字符串", system({ timestamp: "1" }), `${message}.timestamp`],
+    ["system sections 是数组", system({ sections: ["RULE"] }), `${message}.sections`],
+    ["section 的值是数字", system({ sections: { rules: 1 } }), `${message}.sections.rules`],
+    ["system 多出 toolsAdded 字段", system({ toolsAdded: [] }), `${message}.toolsAdded`],
+    ["user 多出未知字段", userWith({ name: "alice" }), `${message}.name`],
+    ["user content 是字符串", userWith({ content: "x" }), `${message}.content`],
+    ["user content 是 null", userWith({ content: null }), `${message}.content`],
+    ["user content 是数组子类", userWith({ content: subclassed }), `${message}.content`],
+    ["user content 有空洞", userWith({ content: holey }), `${message}.content[1]`],
+    ["user 内容里有 image 块", { ...base, message: { role: "user", content: [{ type: "image", data: "AAAA", mimeType: "image/png" }], timestamp: 1 } }, `${message}.content[0]`],
+    ["user 块的 type 不是 text（哪怕字段齐全）", userWith({ content: [{ type: "image", text: "x" }] }), `${message}.content[0]`],
+    ["user 块的 text 是数字", userWith({ content: [{ type: "text", text: 1 }] }), `${message}.content[0].text`],
+    ["user timestamp 是 NaN", userWith({ timestamp: Number.NaN }), `${message}.timestamp`],
+    ["assistant content 不是数组", assistantWith({ content: "x" }), `${message}.content`],
+    ["assistant 块是未知类型（哪怕带齐 toolCall 的字段）", assistantWith({ content: [{ type: "image", id: "i", name: "n", arguments: {} }] }), `${message}.content[0]`],
+    ["provider 是数字", assistantWith({ provider: 1 }), `${message}.provider`],
+    ["model 是 null", assistantWith({ model: null }), `${message}.model`],
+    ["usage 是数组", assistantWith({ usage: [] }), `${message}.usage`],
+    ["usage 里有 NaN", assistantWith({ usage: { input: Number.NaN, output: 0, totalTokens: 0 } }), `${message}.usage.input`],
+    ["usage 是负数", assistantWith({ usage: { input: -1, output: 0, totalTokens: 0 } }), `${message}.usage.input`],
+    ["usage.output 是负数", assistantWith({ usage: { input: 0, output: -1, totalTokens: 0 } }), `${message}.usage.output`],
+    ["usage.totalTokens 是 Infinity", assistantWith({ usage: { input: 0, output: 0, totalTokens: Number.POSITIVE_INFINITY } }), `${message}.usage.totalTokens`],
+    ["未知 stopReason", assistantWith({ stopReason: "finished" }), `${message}.stopReason`],
+    ["assistant timestamp 是字符串", assistantWith({ timestamp: "2" }), `${message}.timestamp`],
+    ["errorMessage 是数字", assistantWith({ stopReason: "error", errorMessage: 42 }), `${message}.errorMessage`],
+    ["toolCall 参数里有函数", { ...base, message: { ...calling, content: [calling.content[0], { type: "toolCall", id: "call-1", name: "run", arguments: { callback: () => 1 } }] } }, `${message}.content[1].arguments.callback`],
+    ["toolCall id 是空串", call({ id: "" }), `${message}.content[0].id`],
+    ["toolCall name 只有空白", call({ name: " " }), `${message}.content[0].name`],
+    ["toolCall rawArguments 是数字", call({ rawArguments: 1 }), `${message}.content[0].rawArguments`],
+    ["tool result toolCallId 是空串", resultWith({ toolCallId: "" }), `${message}.toolCallId`],
+    ["tool result toolName 是空串", resultWith({ toolName: "" }), `${message}.toolName`],
+    ["tool result content 是 object", resultWith({ content: {} }), `${message}.content`],
+    ["tool result isError 是字符串", resultWith({ isError: "false" }), `${message}.isError`],
+    ["tool result timestamp 是 NaN", resultWith({ timestamp: Number.NaN }), `${message}.timestamp`],
+    ["tool result details 里有 Infinity", resultWith({ details: { ratio: Number.POSITIVE_INFINITY } }), `${message}.details.ratio`],
+    ["tool result 缺少 isError", { ...base, message: resultWithoutIsError }, `${message}.isError`],
+    ["metadata value 是 undefined", meta(undefined), "session entry bad.value"],
+    ["metadata value 是 BigInt", meta(10n), "session entry bad.value"],
+    ["metadata value 是 class 实例", meta(new Date(0)), "session entry bad.value"],
+    ["metadata value 有循环引用", meta(cyclic), "session entry bad.value.self"],
+    ["metadata value 带 getter", meta(withGetter), "session entry bad.value.secret"],
+    ["metadata value 带不可枚举字段", meta(withHidden), "session entry bad.value.hidden"],
+    ["metadata value 带 symbol 键", meta(withSymbol), "session entry bad.value"],
+    ["metadata value 的数组里有 NaN", meta([1, Number.NaN]), "session entry bad.value[1]"],
+    ["metadata key 是空串", { id: "bad", parentId: null, timestamp: 1, type: "metadata", key: "", value: 1 }, "session entry bad.key"],
+    ["metadata key 是数字", { id: "bad", parentId: null, timestamp: 1, type: "metadata", key: 7, value: 1 }, "session entry bad.key"],
+    ["顶层多出未知字段", { ...base, extra: true }, "session entry bad.extra"],
   ];
-  for (const [label, sample] of cases) {
-    assert.throws(() => parseSessionEntry(sample), Error, label);
-  }
+  for (const [label, sample, at] of cases) rejectsAt(sample, at, label);
 
-  // 错误信息指明失败的位置。
+  // 两条逐字固定的错误信息。
   assert.throws(
     () => parseSessionEntry(cases.find(([label]) => label === "toolCall 参数里有函数")?.[1]),
     /session entry bad\.message\.content\[1\]\.arguments\.callback.*function/,
@@ -448,8 +548,12 @@ test("Lab 10.3 · InMemory：调用时拍快照，按调用顺序提交，entrie
     store.append(entry("grandchild", "child", user("追问"))).then(() => settled.push("grandchild")),
   ];
   firstText(root).text = "调用之后才改";
+  // entries() 先等此刻之前排队的操作：不必等 append 兑现，也能读到全部三条。
+  const early = store.entries();
+  early.catch(() => undefined); // 失败时由下面的 await 报告，而不是变成未处理的拒绝
   await Promise.all(pending);
   assert.deepEqual(settled, ["root", "child", "grandchild"]);
+  assert.deepEqual(ids(await early), ["root", "child", "grandchild"]);
 
   const first = await store.entries();
   assert.deepEqual(ids(first), ["root", "child", "grandchild"]);
@@ -586,12 +690,21 @@ test(
     await located("orphan-line.jsonl", line(root) + line(entry("lost", "nowhere", user("?"))), /第 2 行.*lost.*nowhere.*缺失/);
     await located("later.jsonl", line(root) + line(entry("early", "late", user("?"))) + line(entry("late", "root", user("?"))), /第 2 行.*early.*late.*第 3 行/);
     await located("cycle.jsonl", line(root) + line(entry("x", "y", user("x"))) + line(entry("y", "x", user("y"))), /第 2 行.*环/);
+    // parent 在后面，而它自己挂在一个不经过这条 entry 的环上：仍然报“在它之后”，不会沿着环一直走下去。
+    await located(
+      "later-loop.jsonl",
+      line(root) + line(entry("waiting", "loop-a", user("?"))) + line(entry("loop-a", "loop-b", user("?"))) + line(entry("loop-b", "loop-a", user("?"))),
+      /第 2 行.*waiting.*loop-a.*第 3 行/,
+    );
 
     // 已提交的行里有非法 UTF-8：失败即关闭，点名那一行；非法字节只在未提交的尾部时，照常当作撕裂尾部。
     const badBytes = Buffer.from([0x7b, 0x22, 0xff, 0xfe, 0x22, 0x7d]);
     const mojibake = join(dir, "mojibake.jsonl");
     await writeFile(mojibake, Buffer.concat([Buffer.from(line(root)), badBytes, Buffer.from("\n")]));
     await assert.rejects(JsonlSessionStore.open(mojibake), /mojibake\.jsonl 第 2 行不是合法 UTF-8/);
+    const blankThenBad = join(dir, "blank-then-bad.jsonl");
+    await writeFile(blankThenBad, Buffer.concat([Buffer.from("\n"), badBytes, Buffer.from("\n")]));
+    await assert.rejects(JsonlSessionStore.open(blankThenBad), /blank-then-bad\.jsonl 第 2 行不是合法 UTF-8/);
     const mojibakeTail = join(dir, "mojibake-tail.jsonl");
     await writeFile(mojibakeTail, Buffer.concat([Buffer.from(line(root)), badBytes]));
     assert.deepEqual(await (await JsonlSessionStore.open(mojibakeTail)).read(), {
@@ -653,6 +766,11 @@ test(
     const mojibakeBefore = await readFile(mojibake);
     await assert.rejects(JsonlSessionStore.repair(mojibake), /UTF-8/);
     assert.deepEqual(await readFile(mojibake), mojibakeBefore);
+    const brokenLine = join(dir, "broken-line.jsonl");
+    const brokenBytes = `${line(root)}{not json\n${JSON.stringify(child).slice(0, 10)}`;
+    await writeFile(brokenLine, brokenBytes);
+    await assert.rejects(JsonlSessionStore.repair(brokenLine), /第 2 行/);
+    assert.equal(await readFile(brokenLine, "utf8"), brokenBytes);
   },
 );
 
@@ -683,9 +801,15 @@ test("Lab 10.5 · 调用时就序列化，同一实例的 appendFile 严格先�
   await drain();
   assert.equal(io.appendCalls.length, 1, "第一次写入还没结束，第二次不能开始");
   assert.deepEqual(JSON.parse(io.appendCalls[0] ?? ""), rootAtCall);
+  // read() 先等尾链：闸门打开之前发起的读取，读到的是两条都写完之后的文件。
+  const reading = store.entries();
+  reading.catch(() => undefined); // 失败时由下面的 await 报告
+  await drain();
+  assert.equal(io.readCalls.length, 1, "排队的写入结束之前不能读");
 
   gate.resolve();
   await Promise.all(pending);
+  assert.deepEqual(await reading, [rootAtCall, childAtCall]);
   assert.deepEqual(settled, ["root", "child"]);
   assert.equal(io.appendCalls.length, 2);
   assert.deepEqual(JSON.parse(io.appendCalls[1] ?? ""), childAtCall);
@@ -730,6 +854,9 @@ test("Lab 10.5 · 调用时校验失败不碰 IO；写盘失败后实例被污�
   assert.equal(await rejectionOf(store.append(entry("c3", "ok", user("之后才来")))), diskError);
   assert.equal(await rejectionOf(store.read()), diskError);
   assert.equal(await rejectionOf(store.entries()), diskError);
+  assert.equal(await rejectionOf(store.ensureWritable()), diskError);
+  // 污染检查在调用时最先进行：哪怕这次的 entry 本身就不合法，拒绝它的也是那个原始错误。
+  assert.equal(await rejectionOf(store.append(metadata("bad-after", "ok", "ratio", Number.NaN))), diskError);
   assert.equal(io.appendCalls.length, 3, "污染之后不能再写");
   assert.equal(io.readCalls.length, 1, "污染之后也不能再读");
 

@@ -194,24 +194,37 @@ test("Lab 11.1 · 拒绝不合格的 compaction：null parent、空目标、缺�
   const { changedFiles, ...withoutChangedFiles } = good;
   const { next, ...withoutNext } = good;
   const { firstKeptEntryId: _first, ...withoutFirstKept } = valid;
-  const cases: Array<[string, unknown]> = [
-    ["parentId 是 null", { ...valid, parentId: null }],
-    ["goal 只有空白", { ...valid, summary: { ...good, goal: "  " } }],
-    ["summary 缺少 decisions", { ...valid, summary: withoutDecisions }],
-    ["旧别名 files", { ...valid, summary: { ...withoutChangedFiles, files: changedFiles } }],
-    ["旧别名 nextSteps", { ...valid, summary: { ...withoutNext, nextSteps: next } }],
-    ["多出 invariants", { ...valid, summary: { ...good, invariants: [] } }],
-    ["多出 compactedEntryIds", { ...valid, compactedEntryIds: ["u0"] }],
-    ["缺少 firstKeptEntryId", withoutFirstKept],
-    ["firstKeptEntryId 是空串", { ...valid, firstKeptEntryId: "" }],
-    ["tokensBefore 为负数", { ...valid, tokensBefore: -1 }],
-    ["tokensBefore 是 Infinity", { ...valid, tokensBefore: Number.POSITIVE_INFINITY }],
-    ["timestamp 是字符串", { ...valid, timestamp: "1" }],
-    ["清单里混进数字", { ...valid, summary: { ...good, constraints: ["ok", 42] } }],
-    ["summary 是字符串", { ...valid, summary: "压缩了" }],
+  // 第三列是错误开头的失败位置（与第 10 章相同的 `<路径> <原因>` 格式），路径可以再深一层。
+  const at = "session entry c1";
+  const cases: Array<[string, unknown, string]> = [
+    ["parentId 是 null", { ...valid, parentId: null }, `${at}.parentId`],
+    ["goal 只有空白", { ...valid, summary: { ...good, goal: "  " } }, `${at}.summary.goal`],
+    ["goal 是数字", { ...valid, summary: { ...good, goal: 1 } }, `${at}.summary.goal`],
+    ["summary 缺少 decisions", { ...valid, summary: withoutDecisions }, `${at}.summary.decisions`],
+    ["旧别名 files", { ...valid, summary: { ...withoutChangedFiles, files: changedFiles } }, `${at}.summary`],
+    ["旧别名 nextSteps", { ...valid, summary: { ...withoutNext, nextSteps: next } }, `${at}.summary`],
+    ["多出 invariants", { ...valid, summary: { ...good, invariants: [] } }, `${at}.summary.invariants`],
+    ["多出 compactedEntryIds", { ...valid, compactedEntryIds: ["u0"] }, `${at}.compactedEntryIds`],
+    ["缺少 firstKeptEntryId", withoutFirstKept, `${at}.firstKeptEntryId`],
+    ["firstKeptEntryId 是空串", { ...valid, firstKeptEntryId: "" }, `${at}.firstKeptEntryId`],
+    ["tokensBefore 为负数", { ...valid, tokensBefore: -1 }, `${at}.tokensBefore`],
+    ["tokensBefore 是 Infinity", { ...valid, tokensBefore: Number.POSITIVE_INFINITY }, `${at}.tokensBefore`],
+    ["timestamp 是字符串", { ...valid, timestamp: "1" }, `${at}.timestamp`],
+    ["清单里混进数字", { ...valid, summary: { ...good, constraints: ["ok", 42] } }, `${at}.summary.constraints[1]`],
+    ["completed 不是数组", { ...valid, summary: { ...good, completed: "读完了" } }, `${at}.summary.completed`],
+    ["decisions 是 null", { ...valid, summary: { ...good, decisions: null } }, `${at}.summary.decisions`],
+    ["changedFiles 是 object", { ...valid, summary: { ...good, changedFiles: {} } }, `${at}.summary.changedFiles`],
+    ["unresolved 是数字", { ...valid, summary: { ...good, unresolved: 1 } }, `${at}.summary.unresolved`],
+    ["next 是字符串", { ...valid, summary: { ...good, next: "补测试" } }, `${at}.summary.next`],
+    ["summary 是字符串", { ...valid, summary: "压缩了" }, `${at}.summary`],
   ];
-  for (const [label, sample] of cases) {
-    assert.throws(() => parseSessionEntry(sample), Error, label);
+  for (const [label, sample, path] of cases) {
+    const escaped = path.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+    assert.throws(() => parseSessionEntry(sample), (error: unknown) => {
+      assert.ok(error instanceof Error, label);
+      assert.match(error.message, new RegExp(`^${escaped}(?:[.[][^ ]*)? \\S`), `${label}：错误应以 ${path} 开头并写出原因`);
+      return true;
+    }, label);
   }
   assert.throws(() => parseSessionEntry({ ...valid, parentId: null }), /parentId/);
   assert.throws(() => parseSessionEntry({ ...valid, compactedEntryIds: [] }), /compactedEntryIds/);

@@ -312,19 +312,25 @@ test("Lab 15.2 · 会话解析器接受工具补丁并逐字段复制，拒绝�
   assert.notEqual(copy.toolsAdded![0]!.parameters, patch.toolsAdded![0]!.parameters, "parameters 是新对象");
   assert.deepEqual(parseSessionEntry(JSON.parse(JSON.stringify(entry))), entry, "写成 JSON 再读回来也一样");
 
-  const bad = (message: Record<string, unknown>, field: RegExp): void => {
+  // 错误以失败位置开头（第 10 章的 `<路径> <原因>` 格式），再写出原因；路径可以再深一层。
+  const bad = (message: Record<string, unknown>, at: string): void => {
+    const escaped = `session entry e1.message.${at}`.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+    const pattern = new RegExp(`^${escaped}(?:[.[][^ ]*)? \\S`);
     assert.throws(
       () => parseSessionEntry({ ...entry, message: { role: "system", content: "", timestamp: 7, ...message } }),
-      field,
+      (error: unknown) => error instanceof Error && pattern.test(error.message),
+      at,
     );
   };
-  bad({ toolsAdded: [] }, /toolsAdded/);
-  bad({ toolsRemoved: [] }, /toolsRemoved/);
-  bad({ toolsAdded: [{ name: "read_file", parameters: {} }] }, /toolsAdded/);
-  bad({ toolsAdded: [{ ...read, execute: "function" }] }, /toolsAdded/);
-  bad({ toolsAdded: [{ ...read, parameters: ["path"] }] }, /toolsAdded/);
-  bad({ toolsAdded: [{ ...read, name: "" }] }, /toolsAdded/);
-  bad({ toolsRemoved: [{ name: "grep", description: "搜索" }] }, /toolsRemoved/);
+  bad({ toolsAdded: [] }, "toolsAdded");
+  bad({ toolsRemoved: [] }, "toolsRemoved");
+  bad({ toolsAdded: [{ name: "read_file", parameters: {} }] }, "toolsAdded[0]");
+  bad({ toolsAdded: [{ ...read, description: 42 }] }, "toolsAdded[0].description");
+  bad({ toolsAdded: [{ ...read, execute: "function" }] }, "toolsAdded[0].execute");
+  for (const parameters of [["path"], null, "object"]) bad({ toolsAdded: [{ ...read, parameters }] }, "toolsAdded[0].parameters");
+  bad({ toolsAdded: [{ ...read, name: "" }] }, "toolsAdded[0].name");
+  bad({ toolsRemoved: [{ name: " " }] }, "toolsRemoved[0].name");
+  bad({ toolsRemoved: [{ name: "grep", description: "搜索" }] }, "toolsRemoved[0].description");
 });
 
 // ---------------------------------------------------------------------------
