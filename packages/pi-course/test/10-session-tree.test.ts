@@ -469,7 +469,6 @@ test("Lab 10.2 · 拒绝矩阵：结构、类型、角色、多余字段与 JSON
     ["parentId 是空串", { ...base, parentId: "" }, "session entry bad.parentId"],
     ["timestamp 是 NaN", { ...base, timestamp: Number.NaN }, "session entry bad.timestamp"],
     ["timestamp 是 Infinity", { ...base, timestamp: Number.POSITIVE_INFINITY }, "session entry bad.timestamp"],
-    ["未知 type：本章还没有 compaction", { id: "bad", parentId: null, timestamp: 1, type: "compaction", summary: {} }, "session entry bad"],
     ["message entry 缺少 message", { id: "bad", parentId: null, timestamp: 1, type: "message" }, message],
     ["message 是 null", { ...base, message: null }, message],
     ["未知角色 tool", { ...base, message: { role: "tool", content: [], timestamp: 1 } }, `${message}.role`],
@@ -523,6 +522,8 @@ test("Lab 10.2 · 拒绝矩阵：结构、类型、角色、多余字段与 JSON
     ["顶层多出未知字段", { ...base, extra: true }, "session entry bad.extra"],
   ];
   for (const [label, sample, at] of cases) rejectsAt(sample, at, label);
+  // 本章还不认识 compaction：它必须被拒绝。这里只要求拒绝——第 11 章的练习目录里，这个分支是脚手架，抛的是它自己的消息。
+  assert.throws(() => parseSessionEntry({ id: "bad", parentId: null, timestamp: 1, type: "compaction", summary: {} }), Error, "未知 type：本章还没有 compaction");
 
   // 两条逐字固定的错误信息。
   assert.throws(
