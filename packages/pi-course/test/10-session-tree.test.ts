@@ -469,6 +469,7 @@ test("Lab 10.2 · 拒绝矩阵：结构、类型、角色、多余字段与 JSON
     ["parentId 是空串", { ...base, parentId: "" }, "session entry bad.parentId"],
     ["timestamp 是 NaN", { ...base, timestamp: Number.NaN }, "session entry bad.timestamp"],
     ["timestamp 是 Infinity", { ...base, timestamp: Number.POSITIVE_INFINITY }, "session entry bad.timestamp"],
+    ["未知 type note", { ...base, type: "note" }, "session entry bad.type"],
     ["message entry 缺少 message", { id: "bad", parentId: null, timestamp: 1, type: "message" }, message],
     ["message 是 null", { ...base, message: null }, message],
     ["未知角色 tool", { ...base, message: { role: "tool", content: [], timestamp: 1 } }, `${message}.role`],
