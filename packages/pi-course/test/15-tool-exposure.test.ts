@@ -327,7 +327,9 @@ test("Lab 15.2 · 会话解析器接受工具补丁并逐字段复制，拒绝�
   bad({ toolsAdded: [{ name: "read_file", parameters: {} }] }, "toolsAdded[0]");
   bad({ toolsAdded: [{ ...read, description: 42 }] }, "toolsAdded[0].description");
   bad({ toolsAdded: [{ ...read, execute: "function" }] }, "toolsAdded[0].execute");
-  for (const parameters of [["path"], null, "object"]) bad({ toolsAdded: [{ ...read, parameters }] }, "toolsAdded[0].parameters");
+  for (const parameters of [["path"], null, "object", { type: "object", default: Number.NaN }]) {
+    bad({ toolsAdded: [{ ...read, parameters }] }, "toolsAdded[0].parameters");
+  }
   bad({ toolsAdded: [{ ...read, name: "" }] }, "toolsAdded[0].name");
   bad({ toolsRemoved: [{ name: " " }] }, "toolsRemoved[0].name");
   bad({ toolsRemoved: [{ name: "grep", description: "搜索" }] }, "toolsRemoved[0].description");
