@@ -234,6 +234,14 @@ test("Lab 12.1 · root 的先后顺序决定 instructions、skill、template 的
   // 没有冲突的资源无论顺序都保留，而且各自只出现一次。
   assert.deepEqual(keys(projectFirst), ["instructions:AGENTS", "skill:deploy", "skill:review", "template:fix"]);
   assert.deepEqual(keys(homeFirst), keys(projectFirst));
+
+  // 不存在的 root 等于空 root；只有 AGENTS.md、没有 skills/ 与 templates/ 的 root 也照常参与合并。
+  const rulesOnly = path.join(base, "rules-only");
+  await writeAgents(rulesOnly, "RULES ONLY\n");
+  const sparse = await discoverResources([path.join(base, "nowhere"), rulesOnly, homeAlias]);
+  assert.deepEqual(winners(sparse).rules, [["RULES ONLY", rulesOnly]]);
+  assert.deepEqual(keys(sparse), ["instructions:AGENTS", "skill:deploy", "skill:review", "template:fix"]);
+  assert.deepEqual(await discoverResources([path.join(base, "nowhere")]), { resources: [], instructions: [], skills: [], templates: [] });
 });
 
 test("Lab 12.1 · catalog 按逻辑名排序、可重复，skill 只有元数据没有正文", { timeout: 20_000 }, async (t) => {
@@ -307,6 +315,83 @@ test("Lab 12.1 · catalog 按逻辑名排序、可重复，skill 只有元数据
   const pipedSkill = await tempDir(t);
   await fifo(t, path.join(pipedSkill, "skills", "piped", "SKILL.md"));
   await assert.rejects(discoverResources([pipedSkill]), /skills\/piped\/SKILL\.md 不是普通文件/);
+
+  // 更多形状：名字按码元排序（大写在小写之前）；没写 description 的 skill 得到 ""；只有 frontmatter、
+  // 没有结尾换行的 SKILL.md；frontmatter 里的空行与纯空白行；值两端成对的引号才去掉，值尾部的空白不算；
+  // CRLF 的 AGENTS.md 与没有 frontmatter 的模板；没有结尾换行的模板正文。
+  const shapes = await tempDir(t);
+  await writeAgents(shapes, "RULE A\r\nRULE B\r\n");
+  await writeSkill(shapes, "d1", { name: "echo", description: "padded   " }, "E");
+  await writeSkill(shapes, "d2", { name: "alpha", description: '"' }, "A");
+  await writeSkill(shapes, "d3", { name: "delta", description: '""' }, "D");
+  await writeSkill(shapes, "d4", { name: "Zulu", description: '"unbalanced' }, "Z");
+  await writeSkill(shapes, "d5", { name: "charlie", description: "'mixed\"" }, "C");
+  await put(path.join(shapes, "skills", "d6", "SKILL.md"), "---\nname: bravo\n\n   \n---");
+  await writeTemplate(shapes, "plain.md", "line one\r\nline two\r\n");
+  await writeTemplate(shapes, "tail.md", "---\nname: tail\n---\nfirst\nlast");
+  // 这些都不是资源：skills/ 下的普通文件、没有 SKILL.md 的目录、悬空的链接，templates/ 下名为 .md 的目录与悬空的链接。
+  await put(path.join(shapes, "skills", "README.md"), "not a skill");
+  await mkdir(path.join(shapes, "skills", "empty-dir"), { recursive: true });
+  await symlink(path.join(shapes, "gone"), path.join(shapes, "skills", "ghost"));
+  await mkdir(path.join(shapes, "templates", "folder.md"), { recursive: true });
+  await symlink(path.join(shapes, "gone.md"), path.join(shapes, "templates", "ghost.md"));
+  const shaped = await discoverResources([shapes]);
+  assert.deepEqual(keys(shaped), [
+    "instructions:AGENTS",
+    "skill:Zulu",
+    "skill:alpha",
+    "skill:bravo",
+    "skill:charlie",
+    "skill:delta",
+    "skill:echo",
+    "template:plain",
+    "template:tail",
+  ]);
+  assert.equal(shaped.instructions[0]!.body, "RULE A\nRULE B");
+  assert.deepEqual(
+    shaped.skills.map((skill) => [skill.name, skill.description]),
+    [["Zulu", '"unbalanced'], ["alpha", '"'], ["bravo", ""], ["charlie", "'mixed\""], ["delta", ""], ["echo", "padded"]],
+  );
+  assert.deepEqual(shaped.templates.map((template) => template.body), ["line one\nline two", "first\nlast"]);
+
+  // 错误：frontmatter 没有结束行、有一行不是 key: value、SKILL.md 没有 frontmatter、同一 root 里重名（按目录名的顺序点出两个文件），
+  // 都点名出错的文件。
+  const failing = async (setup: (root: string) => Promise<unknown>, pattern: RegExp) => {
+    const root = await tempDir(t);
+    await setup(root);
+    await assert.rejects(discoverResources([root]), pattern);
+  };
+  await failing((root) => writeTemplate(root, "open.md", "---\nname: open\nbody"), /templates\/open\.md/);
+  await failing((root) => writeTemplate(root, "bad.md", "---\nname: bad\njust words\n---\nbody"), /templates\/bad\.md/);
+  await failing((root) => put(path.join(root, "skills", "plain", "SKILL.md"), "no frontmatter here"), /skills\/plain\/SKILL\.md/);
+  await failing(async (root) => {
+    await writeSkill(root, "second", { name: "twin", description: "b" }, "B");
+    await writeSkill(root, "first", { name: "twin", description: "a" }, "A");
+  }, /skill:twin.*skills\/first\/SKILL\.md.*skills\/second\/SKILL\.md/);
+
+  // 越界：AGENTS.md、skill 目录（哪怕只是指向 root 的上一层）、SKILL.md、模板，任何一个解开链接后在边界外都拒绝并点名。
+  const outside = await tempDir(t);
+  const outsideFile = await put(path.join(outside, "rules.md"), "---\nname: out\n---\nOUT");
+  const escapes: Array<[(root: string) => Promise<unknown>, RegExp]> = [
+    [(root) => symlink(outsideFile, path.join(root, "AGENTS.md")), /AGENTS\.md 逃出了声明 root/],
+    [async (root) => {
+      await mkdir(path.join(root, "skills"), { recursive: true });
+      await symlink(path.dirname(root), path.join(root, "skills", "up"));
+    }, /up.*逃出了声明 root/],
+    [async (root) => {
+      await put(path.join(root, "skills", "linked", "notes.md"), "x");
+      await symlink(outsideFile, path.join(root, "skills", "linked", "SKILL.md"));
+    }, /skills\/linked\/SKILL\.md 逃出了声明 root/],
+    [async (root) => {
+      await mkdir(path.join(root, "templates"), { recursive: true });
+      await symlink(outsideFile, path.join(root, "templates", "out.md"));
+    }, /templates\/out\.md 逃出了声明 root/],
+  ];
+  for (const [setup, pattern] of escapes) await failing(setup, pattern);
+
+  // ENOENT 以外的错误原样抛出：AGENTS.md 是一个指向自己的链接（ELOOP）、skills 是一个普通文件（ENOTDIR）。
+  await failing((root) => symlink(path.join(root, "AGENTS.md"), path.join(root, "AGENTS.md")), /ELOOP/);
+  await failing((root) => put(path.join(root, "skills"), "not a directory"), /ENOTDIR/);
 });
 
 // ---------------------------------------------------------------------------
@@ -347,6 +432,19 @@ test("Lab 12.2 · 激活时才读正文，返回规范路径，catalog 不变且
   await writeSkill(root, "review", { name: "renamed", description: "x" }, "OTHER");
   await assert.rejects(activateSkill(before, "review"), /身份/);
   await assert.rejects(activateSkill(before, "missing"), /skill 不存在：missing/);
+
+  // 激活时重读到的 SKILL.md 没有 frontmatter、frontmatter 没有结束行、或已被换成指向目录外的链接：都拒绝，并点出是哪个 skill。
+  await writeSkill(root, "review", { name: "review", description: "x" }, "BACK AGAIN");
+  assert.equal((await activateSkill(before, "review")).body, "BACK AGAIN");
+  await put(review.source, "no frontmatter any more");
+  await assert.rejects(activateSkill(before, "review"), /review/);
+  await put(review.source, "---\nname: review\nno end line");
+  await assert.rejects(activateSkill(before, "review"), /review/);
+  const elsewhere = await put(path.join(path.dirname(root), `${path.basename(root)}-elsewhere`, "SKILL.md"), withFrontmatter({ name: "review" }, "OUTSIDE"));
+  t.after(() => rm(path.dirname(elsewhere), { recursive: true, force: true }));
+  await rm(review.source);
+  await symlink(elsewhere, review.source);
+  await assert.rejects(activateSkill(before, "review"), /review.*逃出了声明 root/);
 });
 
 test("Lab 12.2 · 显式请求的文件按请求字符串去重，并给出规范 source", async (t) => {
@@ -366,6 +464,9 @@ test("Lab 12.2 · 显式请求的文件按请求字符串去重，并给出规�
     { request: "./refs/checklist.md", source: checklist, content },
   ]);
   assert.equal(activated.body, "DEPLOY BODY");
+
+  // 空串请求直接拒绝，说它是空的（而不是把 skill 目录本身当成要读的文件）。
+  await assert.rejects(activateSkill(catalogOf([], [deploy], []), "deploy", { resources: [""] }), /deploy.*空/);
 });
 
 test("Lab 12.2 · 拒绝 ../ 穿越、绝对路径和逃出目录的符号链接，安全文件照常读取", { timeout: 30_000 }, async (t) => {
@@ -457,8 +558,12 @@ test("Lab 12.3 · renderTemplate 替换所有占位符、忽略多余参数、�
   assert.deepEqual(template, snapshot);
 
   assert.throws(() => renderTemplate(template, { repo: "pi" }), /缺少参数 owner/);
-  // 原型链上的名字不算参数。
+  // 原型链上的名字不算参数；不是字符串的值也不算。
   assert.throws(() => renderTemplate({ ...template, body: "{{toString}}" }, {}), /缺少参数 toString/);
+  assert.throws(
+    () => renderTemplate(template, { owner: 42, repo: "pi" } as unknown as Record<string, string>),
+    /缺少参数 owner/,
+  );
 });
 
 test("Lab 12.3 · resource context 只含规则、skill 元数据和已激活正文，作为 system section 进入 buildContext", () => {
@@ -511,6 +616,24 @@ test("Lab 12.3 · resource context 只含规则、skill 元数据和已激活正
     () => formatResourceContext(catalog, [{ ...activeDeploy, source: "/elsewhere/SKILL.md" }]),
     /不属于当前 catalog/,
   );
+  // 名字与 source 要同时对上：借用 deploy 的 source、却叫 review，也不属于这个 catalog。
+  assert.throws(() => formatResourceContext(catalog, [{ ...activeDeploy, name: "review" }]), /不属于当前 catalog/);
+  // 没有 skill 时没有“可用 skills”一段。
+  assert.equal(
+    formatResourceContext(catalogOf([agents], [], []), []),
+    ["# Pi resources", "## AGENTS instructions", "PROJECT RULE: run tests before commit"].join("\n\n"),
+  );
+  // 已激活的 skill 按名字排序，与传入的顺序无关。
+  const lint: SkillResource = { ...review, name: "lint", description: "Lint", source: "/resources/skills/lint/SKILL.md", root: "/resources/skills/lint" };
+  const three = catalogOf([], [deploy, lint, review], []);
+  const active = (skill: SkillResource): ActivatedSkill => ({ ...skill, body: `${skill.name.toUpperCase()} BODY`, resources: [] });
+  for (const order of [[review, deploy, lint], [lint, review, deploy], [deploy, review, lint]]) {
+    const text_ = formatResourceContext(three, order.map(active));
+    assert.deepEqual(
+      text_.split("\n\n").filter((part) => part.startsWith("## 已激活 skill")),
+      ["## 已激活 skill：deploy", "## 已激活 skill：lint", "## 已激活 skill：review"],
+    );
+  }
 
   // 资源文本放进 system message 的 section，由第 11 章的 buildContext 原样重放。
   assert.equal(RESOURCE_SECTION, "pi-resources");
@@ -649,6 +772,48 @@ test("Lab 12.4 · factory 抛错、与 registry 重名或重复注册时什么�
   assert.deepEqual(toolNames(registry), ["existing", "crashy_tool"]);
   await assert.rejects(loadTrusted(host, "crashy", () => undefined), /extension id 无效或重复：crashy/);
   assert.deepEqual(toolNames(registry), ["existing", "crashy_tool"]);
+
+  // staging 当场拒绝：空白或不是字符串的工具名、不是函数的 listener、未知的 hook 名。错误点出是哪个 extension。
+  const badRegistrations: Array<[string, (pi: ExtensionContext) => void]> = [
+    ["blank-name", (pi) => pi.registerTool({ ...emptyTool("x"), name: "  " })],
+    ["numeric-name", (pi) => pi.registerTool({ ...emptyTool("x"), name: 7 as unknown as string })],
+    ["missing-tool", (pi) => pi.registerTool(undefined as unknown as Tool<Record<string, never>>)],
+    ["not-a-function", (pi) => pi.on("beforeToolCall", "deny" as unknown as () => undefined)],
+    ["unknown-hook", (pi) => pi.on("onError" as "afterToolResult", () => undefined)],
+  ];
+  for (const [id, factory] of badRegistrations) {
+    await assert.rejects(loadTrusted(host, id, factory), new RegExp(`extension ${id}`), id);
+  }
+  assert.deepEqual(toolNames(registry), ["existing", "crashy_tool"]);
+
+  // 模块没有函数形式的 default 导出。
+  for (const loaded of [{}, null, { default: "factory" }]) {
+    await assert.rejects(
+      loadExtension({ id: "no-factory", path: "inline:no-factory" }, { isTrusted: () => true, importModule: async () => loaded, host }),
+      /extension no-factory 缺少 default factory/,
+    );
+  }
+
+  // host 不是 createExtensionHost 造的、source 的 id 或 path 为空：在询问信任之前就拒绝。
+  const asked: string[] = [];
+  const probe = { isTrusted: () => (asked.push("trust"), true), importModule: async () => (asked.push("import"), { default: () => undefined }) };
+  await assert.rejects(
+    loadExtension({ id: "fake-host", path: "inline:x" }, { ...probe, host: { wrapExecutor: (core: ToolExecutor) => core } }),
+    /createExtensionHost/,
+  );
+  for (const source of [{ id: "  ", path: "inline:x" }, { id: "x", path: "" }, { id: 5, path: "inline:x" }, { id: "x", path: null }, undefined]) {
+    await assert.rejects(
+      loadExtension(source as unknown as { id: string; path: string }, { ...probe, host }),
+      /id|path/,
+      JSON.stringify(source),
+    );
+  }
+  assert.deepEqual(asked, []);
+
+  // hookTimeoutMs 必须是正整数。
+  for (const hookTimeoutMs of [0, -1, 1.5, Number.NaN]) {
+    assert.throws(() => createExtensionHost(new ToolRegistry(), { hookTimeoutMs }), /hookTimeoutMs/, String(hookTimeoutMs));
+  }
 });
 
 // ---------------------------------------------------------------------------
@@ -763,6 +928,23 @@ test("Lab 12.5 · before hook 抛错或超时都按失败关闭处理，各产�
     { extensionId: "slow-policy", hook: "beforeToolCall", kind: "timeout", message: "beforeToolCall:slow-policy timed out" },
   ]);
   assert.equal(slow.calls.length, 0);
+
+  // 返回了别的东西（不是 undefined、allow，也不是带字符串 reason 的 deny）同样失败即关闭：一条诊断，kind 为 error。
+  for (const returned of ["deny", null, 5, { decision: "deny" }, { decision: "deny", reason: 1 }, { decision: "maybe" }]) {
+    const oddDiagnostics: ExtensionDiagnostic[] = [];
+    const oddHost = createExtensionHost(new ToolRegistry(), { hookTimeoutMs: 1_000, onDiagnostic: (diagnostic) => oddDiagnostics.push(diagnostic) });
+    const odd = recordingCore();
+    await loadInline(oddHost, "odd-policy", (pi) => pi.on("beforeToolCall", () => returned as never));
+    const blocked = await oddHost.wrapExecutor(odd.core)(toolCall("call-3", "write", { path: "c.txt" }));
+    const label = JSON.stringify(returned);
+    assert.equal(odd.calls.length, 0, label);
+    assert.equal(blocked.isError, true, label);
+    assert.equal(oddDiagnostics.length, 1, label);
+    const [diagnostic] = oddDiagnostics;
+    assert.deepEqual({ ...diagnostic, message: undefined }, { extensionId: "odd-policy", hook: "beforeToolCall", kind: "error", message: undefined }, label);
+    assert.match(diagnostic!.message, /\S/, label);
+    assert.deepEqual(blocked.details, { blockedByExtension: "odd-policy", kind: "error", reason: diagnostic!.message }, label);
+  }
 });
 
 test("Lab 12.5 · after hook 只观察一次 core 结果：失败只进诊断，返回值是新副本", { timeout: 2_000 }, async () => {
@@ -825,4 +1007,29 @@ test("Lab 12.5 · after hook 只观察一次 core 结果：失败只进诊断，
   result.content[0]!.text = "changed by caller";
   assert.equal(coreResult.content[0]!.text, "core ok");
   assert.equal(observed[0]!.content[0]!.text, "core ok");
+
+  // 异步的诊断监听器以 rejection 失败，同样被吞掉：结果照常，进程里也没有未处理的 rejection。
+  const leaked: unknown[] = [];
+  const onLeak = (reason: unknown): void => void leaked.push(reason);
+  process.on("unhandledRejection", onLeak);
+  try {
+    const asyncHost = createExtensionHost(new ToolRegistry(), {
+      hookTimeoutMs: 1_000,
+      onDiagnostic: async () => {
+        throw new Error("异步诊断监听器坏了");
+      },
+    });
+    await loadInline(asyncHost, "after-crash", (pi) =>
+      pi.on("afterToolResult", () => {
+        throw new Error("after crashed");
+      }),
+    );
+    const asyncResult = await asyncHost.wrapExecutor(recordingCore().core)(toolCall("call-2", "grep", {}));
+    assert.equal(asyncResult.isError, false);
+    await new Promise((resolve) => setImmediate(resolve));
+    await new Promise((resolve) => setTimeout(resolve, 10));
+  } finally {
+    process.off("unhandledRejection", onLeak);
+  }
+  assert.deepEqual(leaked, []);
 });
