@@ -271,6 +271,7 @@ test("Lab 13.1 · 空 session 配 null：依赖身份不变，control 没有 pro
   );
   assert.equal(bare.extensions, undefined);
   assert.deepEqual(bare.control.getState().messages, []);
+
 });
 
 test("Lab 13.1 · 只恢复所选分支的 message 并深复制；恢复出的 system 不被第二条基础 prompt 覆盖；两种错误组合被拒绝", HANG_GUARD, async () => {
@@ -406,6 +407,10 @@ test("Lab 13.2 · 未提交的 suffix 临时接在 active leaf 后面；每次 s
     assert.throws(() => model.stream(second), /persistedMessageCount/);
   }
   assert.equal(inner.requests.length, 2);
+  // 上界本身可以取到：全部消息都已落盘时没有 suffix，请求就是路径本身。
+  snapshot = snapshotOf(snapshot.activePath as SessionEntry[]);
+  model.stream({ messages: messagesOf(snapshot.activePath) });
+  assert.deepEqual(texts(inner.requests[2]!.messages), ["PATCH", "old question", "old answer", "current question"]);
 });
 
 test("Lab 13.2 · 预算只经过唯一的 buildContext：总量 4、预留 1、余量 1、system 1 时只剩 system 和最新问题", HANG_GUARD, () => {
@@ -459,6 +464,7 @@ test("Lab 13.2 · inner model 拿到 messages 与 tools 的深副本和同一个
   // 没有 tools 的 context 也不会凭空得到一份。
   model.stream({ messages: [...messagesOf(path), userAt("again", 5)] });
   assert.equal(inner.requests[1]!.tools, undefined);
+  assert.equal(Object.hasOwn(inner.requests[1]!, "tools"), false, "请求里连 tools 这个键都没有");
   assert.equal(inner.signals[1], undefined);
 });
 
@@ -617,6 +623,18 @@ test("Lab 13.3 · system 只在变化时打补丁，恢复后以 transcript 的�
   await plain.prompt("hello");
   assert.deepEqual(roles(messagesOf(emptyStore.appendCalls)), ["user", "assistant"]);
   assert.equal(currentSystemPrompt(plainModel.requests[0]!.messages), undefined);
+
+  // 新会话只有资源、没有基础 prompt：第一条补丁 content 为空、只带资源段落；只有基础 prompt、没有资源：补丁里没有 sections 键。
+  const resourcesOnly = new RecordingSessionStore();
+  await (await createRuntime(config(null, { systemPrompt: undefined }), runtimeDeps(new ScriptedModel([assistantAt("r", 24)]), resourcesOnly, { resources: catalog }))).prompt("hi");
+  assert.deepEqual(withoutTimestamp(messagesOf(resourcesOnly.appendCalls)[0]!), {
+    role: "system",
+    content: "",
+    sections: { [RESOURCE_SECTION]: formatResourceContext(catalog, []) },
+  });
+  const promptOnly = new RecordingSessionStore();
+  await (await createRuntime(config(null), runtimeDeps(new ScriptedModel([assistantAt("p", 25)]), promptOnly))).prompt("hi");
+  assert.deepEqual(withoutTimestamp(messagesOf(promptOnly.appendCalls)[0]!), { role: "system", content: BASE_SYSTEM });
 });
 
 test("Lab 13.3 · 只追加恢复历史之后的新 suffix；append 失败让 Runtime 中毒，之后一律用同一个错误拒绝", HANG_GUARD, async () => {
@@ -715,6 +733,39 @@ test("Lab 13.3 · 并发 prompt 按队列串行；dispose 立即关门，但等�
   assert.deepEqual(roles(messagesOf(store.committed)), ["system", "user", "assistant", "user", "assistant"]);
   assert.ok(!texts(messagesOf(store.committed)).includes("late"));
   assert.equal(runtime.getActiveLeafId(), "entry-5");
+
+  // control 转发给唯一的 Agent：运行中的 followUp 让它再请求一次模型，abort 取消那次请求的 signal。
+  const held: { stream: AssistantMessageEventStream; signal: AbortSignal | undefined }[] = [];
+  const requested = [deferred(), deferred()];
+  const heldModel: Model = {
+    stream(_context, options = {}) {
+      const stream = new AssistantMessageEventStream();
+      held.push({ stream, signal: options.signal });
+      requested[held.length - 1]?.resolve();
+      return stream;
+    },
+  };
+  const live = await createRuntime(config(null, { systemPrompt: undefined }), runtimeDeps(heldModel, new InMemorySessionStore()));
+  const running = live.prompt("first");
+  await Promise.race([requested[0]!.promise, running]);
+  live.control.followUp("second");
+  held[0]!.stream.push({ type: "done", reason: "stop", message: assistantAt("one", 20) });
+  await Promise.race([requested[1]!.promise, running]);
+  assert.equal(held.length, 2, "follow-up 应让 Agent 再请求一次模型");
+  live.control.abort();
+  assert.equal(held[1]!.signal?.aborted, true);
+  held[1]!.stream.push({ type: "done", reason: "stop", message: assistantAt("two", 21) });
+  await running;
+
+  // config.maxSteps 交给了 Agent：上限 1 步时，想再调一次工具的回答让这一轮以 maxSteps 结束。
+  const looping = new ScriptedModel([
+    assistantMessage([{ type: "toolCall", id: "call-1", name: "missing_tool", arguments: {} }], "toolUse", { timestamp: 20 }),
+    assistantAt("never reached", 21),
+  ]);
+  const limited = await createRuntime(config(null, { maxSteps: 1 }), runtimeDeps(looping, new InMemorySessionStore()));
+  const limitedResult = await limited.prompt("loop");
+  assert.equal(limitedResult.reason, "maxSteps");
+  assert.equal(looping.requests.length, 1);
 });
 
 // ---------------------------------------------------------------------------
@@ -788,6 +839,18 @@ test("Lab 13.4 · interactive 与 print 各调用一次 prompt，只写最后一
     assert.notEqual(result, produced);
     result.messages.length = 0;
     assert.equal(produced.messages.length, 4);
+
+    // “最后一条 assistant”：它后面还有别的消息时往前找，它是第一条时也算；一条都没有就写空串。
+    const cases: Array<[AgentMessage[], string]> = [
+      [[userAt("q", 1), assistantAt("answer", 2), { role: "toolResult", toolCallId: "c", toolName: "t", content: [text("r")], isError: false, timestamp: 3 }], "answer"],
+      [[assistantAt("only", 1)], "only"],
+      [[userAt("q", 1)], ""],
+    ];
+    for (const [messages, expected] of cases) {
+      const written: string[] = [];
+      await runMode(modeRuntime({ reason: "stop", steps: 1, messages }).runtime, mode, "q", { write: (value) => void written.push(value) });
+      assert.deepEqual(written, [expected], `${mode}: ${expected}`);
+    }
   }
 });
 
