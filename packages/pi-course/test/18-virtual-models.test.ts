@@ -20,7 +20,7 @@ import {
 } from "../src/composition.js";
 import type { ResourceCatalog } from "../src/resources.js";
 import { ScriptedModel, type ScriptedTurn } from "../src/scripted-model.js";
-import { InMemorySessionStore, pathTo, type JsonValue, type SessionEntry } from "../src/session.js";
+import { InMemorySessionStore, pathTo, type JsonValue, type SessionEntry, type SessionStore } from "../src/session.js";
 import { ToolRegistry, objectSchema, stringValue, type Tool } from "../src/tool.js";
 import {
   assistantMessage,
@@ -632,6 +632,55 @@ test("Lab 18.3 · Runtime：选择、消息与状态依次落盘，父链连续�
   // dispose 之后不再接受 metadata。
   await reopened.dispose();
   await assert.rejects(reopened.appendMetadata!("note", { x: 1 }), /Runtime 已 dispose/);
+
+  // 钩子经过 Runtime 的几种答复：什么都不给 → 配置的模型被请求；只给 thinkingLevel → 还是配置的模型，带上这个选项。
+  // 会话视图：与路径上的 id 撞了的占位 id 前面加 "_"，父链接在 leaf 后面；本轮结束后缓冲清空，branch() 只剩已提交的路径。
+  const answers: Array<{ thinkingLevel: "low" } | undefined> = [undefined, { thinkingLevel: "low" }];
+  const seen: string[][] = [];
+  let view: RuntimeRequestSession | undefined;
+  const hooked = new InMemorySessionStore();
+  await hooked.append(metadata("__runtime_pending_0", null, "note", "撞名的 id"));
+  const recording = new RecordingModel(physical([reply("configured", "a"), reply("configured", "b")]));
+  const hookedRuntime = await createRuntime({ activeLeafId: "__runtime_pending_0", context: unitBudget }, {
+    ...runtimeDeps(hooked, (_request, session) => {
+      view = session;
+      session.record("seen", seen.length);
+      seen.push(session.branch().map((entry) => `${entry.id}<${entry.parentId}`));
+      return answers[seen.length - 1];
+    }),
+    model: recording,
+  });
+  assert.equal((await hookedRuntime.prompt("plain")).reason, "stop");
+  assert.equal((await hookedRuntime.prompt("low")).reason, "stop");
+  assert.deepEqual(recording.options().map((options) => options?.thinkingLevel ?? null), [null, "low"]);
+  assert.deepEqual(seen[0], ["__runtime_pending_0<null", "___runtime_pending_0<__runtime_pending_0"]);
+  assert.deepEqual(view!.branch().map((entry) => entry.id), (await hooked.entries()).map((entry) => entry.id));
+
+  // appendMetadata 在调用时复制：复制不了的值立即被拒绝、不碰 Store。排在一次失败的写盘后面的，以同一个错误拒绝，也不再写。
+  const diskError = new Error("disk full");
+  let failOnce = false;
+  const written: string[] = [];
+  const flaky: SessionStore = {
+    async append(entry) {
+      if (failOnce) {
+        failOnce = false;
+        throw diskError;
+      }
+      written.push(entry.id);
+    },
+    async entries() {
+      return [];
+    },
+  };
+  const fragile = await createRuntime({ activeLeafId: null, context: unitBudget }, runtimeDeps(flaky as InMemorySessionStore, () => undefined));
+  await assert.rejects(fragile.appendMetadata!("bad", (() => 1) as unknown as JsonValue));
+  assert.deepEqual(written, []);
+  failOnce = true;
+  const failing = fragile.prompt("会写盘失败");
+  const queuedMetadata = fragile.appendMetadata!("after", 1);
+  await assert.rejects(failing, (error) => error === diskError);
+  await assert.rejects(queuedMetadata, (error) => error === diskError);
+  assert.deepEqual(written, []);
 });
 
 test("Lab 18.3 · 路由失败只留下 user 与 error 回复；下一次 prompt 以 user 重新路由；同一轮后面的请求看得到前面的 record", HANG_GUARD, async () => {
