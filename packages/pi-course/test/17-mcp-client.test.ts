@@ -777,6 +777,23 @@ test("Lab 17.5 · Runtime：mcp_servers 段落只在变化时打补丁；只等 
   const none = createMcpRuntime(new ToolRegistry(), { servers: [stuck.config] });
   await none.waitForDirectServers();
 
+  // provider 的段落并在第 13 章的期望段落（资源）之上：资源段落仍在，后面的 provider 覆盖前面的同名段落。
+  const rules = { kind: "instructions" as const, name: "AGENTS", source: "/virtual/AGENTS.md", root: "/virtual", body: "RULE" };
+  const withResources = await createRuntime(
+    { activeLeafId: null, context: { total: 100_000, reservedOutput: 0, safetyMargin: 0, estimateTokens: () => 1 } },
+    {
+      model: new ScriptedModel([assistantMessage([text("ok")])]),
+      tools: new ToolRegistry(),
+      session: new InMemorySessionStore(),
+      resources: { resources: [rules], instructions: [rules], skills: [], templates: [] },
+      sectionProviders: [{ sections: () => ({ extra: "A", other: "O" }) }, { sections: async () => ({ extra: "B" }) }],
+      createId: () => `merged-${++id}`,
+      now: () => 2_000 + id,
+    },
+  );
+  const merged = systemMessages((await withResources.prompt("merge")).messages);
+  assert.deepEqual(merged[0]!.sections, { "pi-resources": "# Pi resources\n\n## AGENTS instructions\n\nRULE", extra: "B", other: "O" });
+
   await runtime.dispose();
   await Promise.all([mcp.close(), other.close(), none.close()]);
 });
