@@ -801,10 +801,11 @@ test("Lab 12.4 · factory 抛错、与 registry 重名或重复注册时什么�
     loadExtension({ id: "fake-host", path: "inline:x" }, { ...probe, host: { wrapExecutor: (core: ToolExecutor) => core } }),
     /createExtensionHost/,
   );
-  for (const source of [{ id: "  ", path: "inline:x" }, { id: "x", path: "" }, { id: 5, path: "inline:x" }, { id: "x", path: null }, undefined]) {
+  // 拒绝要来自这项检查本身（点出 id 或 path），而不是读坏形状时崩出来的 TypeError。
+  for (const source of [{ id: "  ", path: "inline:x" }, { id: "x", path: "" }, { id: "x", path: "   " }, { id: 5, path: "inline:x" }, { id: "x", path: null }, undefined]) {
     await assert.rejects(
       loadExtension(source as unknown as { id: string; path: string }, { ...probe, host }),
-      /id|path/,
+      (error: unknown) => error instanceof Error && !(error instanceof TypeError) && /id|path/.test(error.message),
       JSON.stringify(source),
     );
   }
@@ -930,7 +931,7 @@ test("Lab 12.5 · before hook 抛错或超时都按失败关闭处理，各产�
   assert.equal(slow.calls.length, 0);
 
   // 返回了别的东西（不是 undefined、allow，也不是带字符串 reason 的 deny）同样失败即关闭：一条诊断，kind 为 error。
-  for (const returned of ["deny", null, 5, { decision: "deny" }, { decision: "deny", reason: 1 }, { decision: "maybe" }]) {
+  for (const returned of ["deny", null, 5, { decision: "deny" }, { decision: "deny", reason: 1 }, { decision: "maybe" }, { decision: "maybe", reason: "x" }]) {
     const oddDiagnostics: ExtensionDiagnostic[] = [];
     const oddHost = createExtensionHost(new ToolRegistry(), { hookTimeoutMs: 1_000, onDiagnostic: (diagnostic) => oddDiagnostics.push(diagnostic) });
     const odd = recordingCore();
