@@ -456,6 +456,21 @@ test("Lab 14.2 · active path 拒绝不一致 transcript：每种协议破坏都
       code: "orphan_tool_result",
     },
     {
+      name: "同一个结果出现两次",
+      entries: chain("twice-result", [q, assistant("", [call("c1", "read")]), toolResult("c1", "read", "内容"), toolResult("c1", "read", "内容"), assistant("完成")]),
+      code: "duplicate_tool_result",
+    },
+    {
+      name: "结果的 toolName 与 call 不同",
+      entries: chain("rename", [q, assistant("", [call("c1", "read")]), toolResult("c1", "write", "内容"), assistant("完成")]),
+      code: "tool_name_mismatch",
+    },
+    {
+      name: "call 还没有结果就来了下一个 user",
+      entries: chain("interrupt", [q, assistant("", [call("c1", "read")]), user("插话")]),
+      code: "unpaired_tool_call",
+    },
+    {
       name: "没有 user 的 assistant",
       entries: chain("nouser", [system("BASE"), assistant("自说自话")]),
       code: "assistant_without_user",
