@@ -304,12 +304,12 @@ export async function verifyCheckpoint(c: Checkpoint, info: HistoryInfo, work: s
   return { id: c.id, findings, notes, ms: Date.now() - started };
 }
 
-/** "；其中 12 个测试文件输入未变，沿用已通过的结果" — or nothing when every file ran. */
+/** "；12 个测试文件的输入未变，沿用已通过的结果" — or nothing when every file ran. */
 function reusedNote(reused: number): string {
   return reused === 0 ? "" : `；${reused} 个测试文件的输入未变，沿用已通过的结果`;
 }
 
-/** Checkpoints verified at once: each runs its test files one at a time, so two keep both cores of a small machine busy. */
+/** Checkpoints verified at once: on a 2-core machine each runs its test files one at a time, so two keep both cores busy. */
 export const VERIFY_LANES = 2;
 
 /**
@@ -319,7 +319,7 @@ export const VERIFY_LANES = 2;
  */
 export function verifyAll(checkpoints: Checkpoint[], info: HistoryInfo, work: string, reuse: TestReuse, lanes = VERIFY_LANES): Promise<CheckpointVerdict>[] {
   const settle: Array<(verdict: CheckpointVerdict) => void> = [];
-  const verdicts = checkpoints.map((c) => new Promise<CheckpointVerdict>((resolve) => { settle[checkpoints.indexOf(c)] = resolve; }));
+  const verdicts = checkpoints.map((_, index) => new Promise<CheckpointVerdict>((resolve) => { settle[index] = resolve; }));
   let next = 0;
   const lane = async (): Promise<void> => {
     while (next < checkpoints.length) {
@@ -330,7 +330,7 @@ export function verifyAll(checkpoints: Checkpoint[], info: HistoryInfo, work: st
         settle[index]!(await verifyCheckpoint(c, info, work, reuse));
       } catch (error) {
         const message = error instanceof Error ? error.stack ?? error.message : String(error);
-        settle[index]!({ id: c.id, findings: [{ area: "verify", message: `检查中途出错：${message}` }], notes: [], ms: Date.now() - started });
+        settle[index]!({ id: c.id, findings: [{ area: "检查", message: `检查中途出错：${message}` }], notes: [], ms: Date.now() - started });
       }
     }
   };
