@@ -467,6 +467,10 @@ test("Lab 15.4 · tokenize 与 rankTools：按不同查询词的重合数排序�
   assert.deepEqual(tokenize("Search Jira issues for the repo"), ["search", "jira", "issue", "repo"]);
   assert.deepEqual(tokenize("listPullRequests from GitHub"), ["list", "pull", "request", "git", "hub"]);
   assert.deepEqual(tokenize("HTTPServer_queries, boxes & classes; a bus"), ["http", "server", "query", "box", "class", "bus"]);
+  assert.deepEqual(tokenize("a an and are as at be by for from in is it of on or that the this to with"), [], "契约里的停用词一个不留");
+  // 单数化的边界：只有长于 4 的词才按 ies / xes 等处理，词尾要真在末尾，以 ss 结尾的才不去 s。
+  assert.deepEqual(tokenize("ties axes chessboards ssds glass"), ["tie", "axe", "chessboard", "ssd", "glass"]);
+  assert.deepEqual(tokenize("--jira, "), ["jira"], "开头和结尾的分隔符不产生空词");
 
   const issues: Tool = {
     name: "mcp_github_issues",
@@ -491,6 +495,13 @@ test("Lab 15.4 · tokenize 与 rankTools：按不同查询词的重合数排序�
     document.text,
     "mcp_github_issues mcp github issues List issues of a GitHub repository state open or closed labels color",
   );
+  // 远端（MCP）给的 schema 里可能有 null：当作没有，不抛错。
+  const odd = toolSearchDocument({
+    name: "odd_tool",
+    description: "Odd",
+    schema: { parse: (value) => value, jsonSchema: { type: "object", properties: null, items: null } },
+  });
+  assert.equal(odd.text, "odd_tool odd tool Odd");
 
   const documents: ToolSearchDocument[] = [
     { name: "slack_post", text: "post a message to slack" },
@@ -511,6 +522,7 @@ test("Lab 15.4 · tokenize 与 rankTools：按不同查询词的重合数排序�
   ]);
   assert.deepEqual(rankTools("the of and", documents, 8), [], "只有停用词就没有查询词");
   assert.deepEqual(rankTools("jira", documents, 0), []);
+  assert.deepEqual(rankTools("jira", documents, -1), [], "limit 不是正数就没有结果");
   assert.deepEqual(rankTools("jira", [], 8), []);
   assert.deepEqual(rankTools("weather", documents, 8), [], "0 分不算命中");
 });
@@ -519,8 +531,8 @@ test("Lab 15.4 · tool_search 只激活尚未激活的候选：limit、details.l
   const registry = new ToolRegistry([
     probe("read_file", undefined, "Read a file; mentions jira issues"),
     probe("jira_search", "deferred", "Search Jira issues\nSecond line is not shown"),
-    probe("jira_create", "deferred", "Create a Jira issue"),
-    probe("jira_admin", "hidden", "Administer Jira issues"),
+    probe("jira_create", "deferred", "  Create a Jira issue  "),
+    probe("jira_admin", "hidden", "Search and administer Jira issues as markdown"),
     probe("format_jira", "codemode", "Format a Jira issue as markdown"),
   ]);
   const search = createToolSearchTool(registry, { limit: 1 });
@@ -538,6 +550,9 @@ test("Lab 15.4 · tool_search 只激活尚未激活的候选：limit、details.l
   for (const candidate of ["jira_search", "jira_create", "jira_admin", "format_jira"]) {
     assert.equal(search.description.includes(candidate), false, "描述从不列举候选工具");
   }
+  // 描述告诉模型两件事：它搜的是还没加载的工具；加载的工具从下一次回复起才能调用。
+  assert.match(search.description, /not loaded/);
+  assert.match(search.description, /next response/);
 
   const blank = await executeToolCall(call("q0", "tool_search", { query: "   " }), registry);
   assert.equal(blank.isError, true);
@@ -553,8 +568,9 @@ test("Lab 15.4 · tool_search 只激活尚未激活的候选：limit、details.l
   );
   assert.deepEqual(names(registry.declared()), ["read_file", "jira_search", "jira_create", "tool_search"]);
 
-  // 没给 limit 时用选项里的 1；已激活、direct 与 hidden 都不是候选。
-  const one = await executeToolCall(call("q2", "tool_search", { query: "jira issue markdown" }), registry);
+  // 没给 limit 时用选项里的 1；已激活、direct 与 hidden 都不是候选——hidden 的 jira_admin 得分最高，已激活的 jira_search
+  // 与 format_jira 同分且排在前面，它们要是还算候选，唯一的名额就被占了。
+  const one = await executeToolCall(call("q2", "tool_search", { query: "search jira issue markdown" }), registry);
   assert.deepEqual(one.details, { loaded: ["format_jira"] });
   assert.match(resultText(one), /^Loaded 1 tool\. /);
 
