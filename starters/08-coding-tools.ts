@@ -36,6 +36,8 @@ export interface CodingToolsOptions {
   bashTimeoutMs?: number;
   /** 超时或取消时，整组 SIGTERM 之后再等多少毫秒补发 SIGKILL，默认 100。 */
   bashKillGraceMs?: number;
+  /** SIGKILL 发完、子进程退出之后，再等输出管道关闭多少毫秒；过后不再等，默认 200。 */
+  bashPipeDrainMs?: number;
   /** bash 默认去掉名字含 KEY、TOKEN、SECRET、PASSWORD、CREDENTIAL（不分大小写）的环境变量；这里点名的例外。 */
   bashEnvAllowList?: readonly string[];
 }
@@ -96,6 +98,7 @@ interface Settings {
   maxBashOutputBytes: number;
   bashTimeoutMs: number;
   bashKillGraceMs: number;
+  bashPipeDrainMs: number;
   bashEnvAllowList: readonly string[];
 }
 
@@ -108,6 +111,7 @@ export function createCodingTools(input: CodingToolsOptions): ToolRegistry {
     maxBashOutputBytes: input.maxBashOutputBytes ?? 96_000,
     bashTimeoutMs: input.bashTimeoutMs ?? 30_000,
     bashKillGraceMs: input.bashKillGraceMs ?? 100,
+    bashPipeDrainMs: input.bashPipeDrainMs ?? 200,
     bashEnvAllowList: [...(input.bashEnvAllowList ?? [])],
   };
   const registry = new ToolRegistry();

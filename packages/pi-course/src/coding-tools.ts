@@ -42,6 +42,8 @@ export interface CodingToolsOptions {
   bashTimeoutMs?: number;
   /** 超时或取消时，整组 SIGTERM 之后再等多少毫秒补发 SIGKILL，默认 100。 */
   bashKillGraceMs?: number;
+  /** SIGKILL 发完、子进程退出之后，再等输出管道关闭多少毫秒；过后不再等，默认 200。 */
+  bashPipeDrainMs?: number;
   /**
    * bash 默认不把名字里含 KEY、TOKEN、SECRET、PASSWORD、CREDENTIAL（不分大小写）的环境变量交给命令；
    * 这里点名的变量例外，照常传下去。
@@ -115,6 +117,7 @@ interface Settings {
   maxBashOutputBytes: number;
   bashTimeoutMs: number;
   bashKillGraceMs: number;
+  bashPipeDrainMs: number;
   bashEnvAllowList: readonly string[];
 }
 
@@ -127,6 +130,7 @@ export function createCodingTools(input: CodingToolsOptions): ToolRegistry {
     maxBashOutputBytes: input.maxBashOutputBytes ?? 96_000,
     bashTimeoutMs: input.bashTimeoutMs ?? 30_000,
     bashKillGraceMs: input.bashKillGraceMs ?? 100,
+    bashPipeDrainMs: input.bashPipeDrainMs ?? 200,
     bashEnvAllowList: [...(input.bashEnvAllowList ?? [])],
   };
   const registry = new ToolRegistry();
@@ -493,8 +497,6 @@ function replaceExactlyOnce(source: string, edit: EditOperation, index: number):
 /** 行首或空白、`;`、`&`、`|` 之后紧跟 `/`、`~/` 或 `../`：视为显式的绝对路径或上级路径。 */
 const PATH_GUARDRAIL = /(^|[\s;&|])(?:\/|~\/|\.\.\/)/;
 const TRUNCATION_NOTE = "\n… [输出已截断]";
-/** 进程组被 SIGKILL 之后，再给输出管道多少毫秒把剩下的字节交完；之后就不再等它们关闭。 */
-const PIPE_DRAIN_MS = 200;
 const DETACHED_NOTE = "\n[进程组已结束，但还有进程拿着输出管道（可能是用 setsid、nohup 等脱离了进程组的后代），它可能仍在运行]";
 /** 名字里带这些词的环境变量默认不交给命令：它们多半是密钥。 */
 const SECRET_ENV_NAME = /KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL/i;
@@ -596,7 +598,7 @@ async function runCommand(
       }, settings.bashKillGraceMs);
     });
     void Promise.all([exited, killStep]).then(() => {
-      drainTimer = setTimeout(letGo, PIPE_DRAIN_MS);
+      drainTimer = setTimeout(letGo, settings.bashPipeDrainMs);
     });
   };
   const onAbort = (): void => terminate("abort");

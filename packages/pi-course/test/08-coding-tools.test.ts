@@ -729,7 +729,8 @@ test("Lab 8.5 · 超时与取消都结束整个进程组，连忽略 SIGTERM 的
     ].join("\n"),
   );
   const groupController = new AbortController();
-  const grouped = run(tools(root), "bash", { command: "node parent.cjs" }, groupController.signal);
+  // 管道在孙进程被杀之后才关；负载很高时这要超过默认的 200 ms，所以这里多等一会儿（正常情况下 close 立刻就到，不会真等）。
+  const grouped = run(tools(root, { bashPipeDrainMs: 2_000 }), "bash", { command: "node parent.cjs" }, groupController.signal);
   await waitForFile(path.join(root, "grandchild-ready.txt"));
   groupController.abort();
   const groupResult = await grouped;
