@@ -21,6 +21,7 @@ import {
   TASK_TRANSITIONS,
   canTransition,
   createTask,
+  isTaskState,
   isTerminal,
   transition,
   type TaskSnapshot,
@@ -138,6 +139,9 @@ test("Lab 21.1 · 迁移表就是种子里的七个状态和那几条边：终�
     assert.equal(isTerminal(state), ["completed", "failed", "cancelled"].includes(state), state);
   }
   assert.ok(Object.isFrozen(TASK_TRANSITIONS) && Object.isFrozen(TASK_TRANSITIONS.running), "迁移表不能在运行时被改");
+  // 从磁盘读回的状态名要过这道检查：表里的七个是，别的字符串和非字符串都不是。
+  for (const state of TASK_STATES) assert.equal(isTaskState(state), true, state);
+  for (const value of ["sleeping", "", "Running", 7, null]) assert.equal(isTaskState(value), false, String(value));
 });
 
 test("Lab 21.1 · transition 是纯函数：交回版本加一的新快照和一条带 from/to/event/payload/at 的事件，原快照不变", () => {
@@ -150,6 +154,16 @@ test("Lab 21.1 · transition 是纯函数：交回版本加一的新快照和一
   assert.equal(created.snapshot.context.tokensUsed, 0);
   assert.equal(created.snapshot.context.type, "status_query");
   assert.deepEqual(created.event, { taskId: "t-1", from: "pending", to: "pending", event: "created", payload: { priority: 3, type: "status_query" }, at: 100 });
+  assert.deepEqual(created.snapshot.context.messages, [{ role: "user", content: [{ type: "text", text: "查订单" }], timestamp: 100 }], "输入就是对话里唯一的 user 消息");
+  assert.equal("tokenBudget" in created.snapshot.context, false, "没给 tokenBudget 就不写");
+  const plain = createTask({ taskId: "t-2", input: "退款", tokenBudget: 2_000 }, 7);
+  assert.equal(plain.snapshot.priority, 0, "优先级默认 0");
+  assert.equal(plain.snapshot.context.tokenBudget, 2_000);
+  assert.equal("type" in plain.snapshot.context, false, "没给 type 就不写");
+  assert.deepEqual(plain.event.payload, { priority: 0 }, "没有类型时 payload 只有优先级");
+  for (const bad of [{ taskId: "", input: "x" }, { taskId: 5, input: "x" }, { taskId: "t-3", input: undefined }]) {
+    assert.throws(() => createTask(bad as unknown as Parameters<typeof createTask>[0], 0), Error, `不合格的任务要被拒绝：${JSON.stringify(bad)}`);
+  }
 
   const before = structuredClone(created.snapshot);
   const started = transition(created.snapshot, "running", "started", { by: "worker-1" }, 105);
@@ -177,7 +191,7 @@ test("Lab 21.1 · 非法迁移在产生任何东西之前抛出 InvalidTransitio
       const before = structuredClone(snapshot);
       assert.throws(
         () => transition(snapshot, to, "illegal", { x: 1 }, 200),
-        (error: unknown) => error instanceof InvalidTransition && error.from === from && error.to === to && error.message.includes(from) && error.message.includes(to),
+        (error: unknown) => error instanceof InvalidTransition && error.name === "InvalidTransition" && error.from === from && error.to === to && error.message.includes(from) && error.message.includes(to),
         `${from} → ${to}`,
       );
       assert.deepEqual(snapshot, before, `${from} → ${to} 抛出之后快照原样`);
