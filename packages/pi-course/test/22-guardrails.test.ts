@@ -22,6 +22,9 @@ import {
   classifyFailure,
   createRetryHooks,
   decideRetry,
+  formatRefill,
+  renderOutput,
+  toolFailureKind,
 } from "../src/guardrails/retry-policy.js";
 import {
   BUDGET_SECTION,
@@ -174,6 +177,8 @@ test("Lab 22.1 · 归类与退避：超时与限流是 transient、坏 JSON 是 
   assert.equal(classifyFailure(errorReply("OpenAI-compatible request failed with HTTP 429: slow down")), "transient");
   assert.equal(classifyFailure(errorReply("Provider sent nothing for 60000 ms (idleTimeoutMs)")), "transient");
   assert.equal(classifyFailure(errorReply("request timed out")), "transient");
+  assert.equal(classifyFailure(errorReply("gateway timeout")), "transient", "timeout 连写也是超时");
+  assert.equal(classifyFailure(errorReply("ratelimit exceeded")), "transient", "ratelimit 连写也是限流");
   assert.equal(classifyFailure(errorReply("OpenAI-compatible request failed with HTTP 503")), "transient");
   assert.equal(classifyFailure(errorReply("Tool read arguments 不是完整 JSON")), "format");
   assert.equal(classifyFailure(errorReply("OpenAI-compatible request failed with HTTP 401: bad key")), "fatal");
@@ -189,6 +194,7 @@ test("Lab 22.1 · 归类与退避：超时与限流是 transient、坏 JSON 是 
   assert.throws(() => backoffDelay(0), RangeError);
   assert.deepEqual(DEFAULT_RETRY_POLICY.transient, { maxRetries: 3, initialDelayMs: 1_000, factor: 2, maxDelayMs: 30_000 });
   assert.equal(DEFAULT_RETRY_POLICY.format.maxRetries, 2);
+  assert.deepEqual(DEFAULT_RETRY_POLICY.toolLogic, { maxRetries: 0 }, "工具逻辑错误一次也不重试");
   assert.ok(Object.isFrozen(DEFAULT_RETRY_POLICY) && Object.isFrozen(DEFAULT_RETRY_POLICY.transient));
 
   // transient：第 1、2、3 次重试，第 4 次失败时放弃。
@@ -204,6 +210,43 @@ test("Lab 22.1 · 归类与退避：超时与限流是 transient、坏 JSON 是 
   // 工具逻辑错误从不重试；fatal 直接放弃。
   assert.deepEqual(decideRetry("toolLogic", undefined), { action: "human", attempts: 0 });
   assert.deepEqual(decideRetry("fatal", undefined), { action: "give_up", attempts: 0, reason: "fatal" });
+
+  // 回填：空的文本块不占一行；什么都没写的回复也要有一句说明；用量照抄，收尾是 stop。
+  const call: ToolCall = { type: "toolCall", id: "c9", name: "pay", arguments: { q: "x" }, rawArguments: '{"q": "x"' };
+  const broken = assistantMessage([text(""), text("先付款"), call], "error", { errorMessage: "Tool pay arguments 不是完整 JSON" });
+  assert.equal(renderOutput(broken), '先付款\npay {"q": "x"');
+  const [previous, feedback] = formatRefill(broken, "参数不是完整 JSON", 42);
+  assert.deepEqual(previous, { ...assistantMessage([text('先付款\npay {"q": "x"')], "stop"), usage: { ...broken.usage }, timestamp: 42 });
+  assert.equal(feedback!.role, "user");
+  assert.match(textOf(feedback!), /参数不是完整 JSON/);
+  const [empty] = formatRefill(assistantMessage([], "error", { errorMessage: "malformed" }), "malformed", 43);
+  assert.match(textOf(empty!), /\S/, "空回复的原样输出也要有一句说明，不能是空串");
+
+  // 工具失败的四种来源：成功的结果不算；没运行过的三种各有名字；只有真的运行过才是 toolLogic。
+  const pay = countingTool("pay", { permission: "write" }).tool;
+  // codemode 的工具只有脚本调得到：模型调它时执行器当场拒绝。
+  const scriptOnly = { ...countingTool("audit").tool, exposure: "codemode" as const };
+  const registry = new ToolRegistry([pay, scriptOnly]);
+  const result = (isError: boolean, details?: unknown): ToolResultMessage => ({
+    role: "toolResult", toolCallId: "c1", toolName: "pay", content: [text("x")], isError, timestamp: 0, ...(details === undefined ? {} : { details }),
+  });
+  const payCall = (args: unknown): ToolCall => ({ type: "toolCall", id: "c1", name: "pay", arguments: args as Record<string, unknown> });
+  assert.equal(toolFailureKind(result(false), payCall({ q: "1" }), registry), undefined);
+  assert.equal(toolFailureKind(result(true), { ...payCall({ q: "1" }), name: "refund" }, registry), "rejected");
+  assert.equal(toolFailureKind(result(true), { ...payCall({ q: "1" }), name: "audit" }, registry), "rejected", "模型调不到的工具同样没运行");
+  assert.equal(toolFailureKind(result(true, { error: PERMISSION_DENIED }), payCall({ q: "1" }), registry), "denied");
+  assert.equal(toolFailureKind(result(true), payCall({ q: 1 }), registry), "parse");
+  assert.equal(toolFailureKind(result(true), payCall({ q: "1" }), registry), "toolLogic");
+
+  // 钩子：正常回复不做决定；不重试时也说明类别；自定义策略真的被用上；暂停的 reason 写明原因。
+  const hooks = createRetryHooks({ tools: registry });
+  const snapshotWith = (retry?: unknown) => ({ context: { currentStep: 5, ...(retry === undefined ? {} : { retry }) } }) as unknown as Parameters<NonNullable<TaskHooks["onModelFailure"]>>[1];
+  assert.equal(hooks.onModelFailure!(answer("好"), snapshotWith()), undefined);
+  assert.deepEqual(hooks.onModelFailure!(errorReply("HTTP 401"), snapshotWith()), { retry: false, failureClass: "fatal" });
+  const strict = createRetryHooks({ tools: registry, policy: { ...DEFAULT_RETRY_POLICY, transient: { ...DEFAULT_RETRY_POLICY.transient, maxRetries: 1 } } });
+  assert.deepEqual(strict.onModelFailure!(errorReply("HTTP 429"), snapshotWith(state(1, "transient"))), { retry: false, failureClass: "transient" }, "策略只许 1 次");
+  const paused = hooks.onToolResult!(result(true), payCall({ q: "1" }), snapshotWith()) as { pause: { reason: string; payload: unknown } };
+  assert.deepEqual(paused, { pause: { reason: "tool_logic_error", payload: { reason: "tool_logic_error", tool: "pay", callId: "c1", step: 4 } } });
 });
 
 test("Lab 22.1 · 运行时：两次限流后成功，注入的 sleep 依次等 1000、2000 ms；每次重试的 attempts 与 notBefore 都写进快照", HANG_GUARD, async (t) => {
