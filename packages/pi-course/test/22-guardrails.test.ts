@@ -38,8 +38,12 @@ import {
   ITERATION_LIMIT_SECTION,
   LOOP_GUARD_SECTION,
   MAX_ITERATIONS,
+  completedIterations,
   createLoopGuardHooks,
   detectRepeat,
+  iterationVerdict,
+  repeatNote,
+  repeatPatch,
   similarCalls,
 } from "../src/guardrails/loop-guard.js";
 import {
@@ -212,8 +216,8 @@ test("Lab 22.1 · 归类与退避：超时与限流是 transient、坏 JSON 是 
   assert.deepEqual(decideRetry("fatal", undefined), { action: "give_up", attempts: 0, reason: "fatal" });
 
   // 回填：空的文本块不占一行；什么都没写的回复也要有一句说明；用量照抄，收尾是 stop。
-  const call: ToolCall = { type: "toolCall", id: "c9", name: "pay", arguments: { q: "x" }, rawArguments: '{"q": "x"' };
-  const broken = assistantMessage([text(""), text("先付款"), call], "error", { errorMessage: "Tool pay arguments 不是完整 JSON" });
+  const brokenCall: ToolCall = { type: "toolCall", id: "c9", name: "pay", arguments: { q: "x" }, rawArguments: '{"q": "x"' };
+  const broken = assistantMessage([text(""), text("先付款"), brokenCall], "error", { errorMessage: "Tool pay arguments 不是完整 JSON" });
   assert.equal(renderOutput(broken), '先付款\npay {"q": "x"');
   const [previous, feedback] = formatRefill(broken, "参数不是完整 JSON", 42);
   assert.deepEqual(previous, { ...assistantMessage([text('先付款\npay {"q": "x"')], "stop"), usage: { ...broken.usage }, timestamp: 42 });
@@ -520,7 +524,7 @@ test("Lab 22.2 · 运行时收尾模式：剩 4 % 时不给任何工具，回复
 // Lab 22.3 · 循环守护栏：重复检测与 15 轮上限
 // ---------------------------------------------------------------------------
 
-test("Lab 22.3 · 几乎相同的调用：键的顺序、首尾空白、大小写不算区别；只比较相邻两轮，中间一轮不同就断开", () => {
+test("Lab 22.3 · 几乎相同的调用：键的顺序、首尾空白、大小写不算区别；只比较相邻两轮，中间一轮不同就断开", async () => {
   const a = call("1", "lookup", { city: "Beijing", days: 3 });
   assert.equal(similarCalls(a, call("2", "lookup", { days: 3, city: "  beijing " })), true);
   assert.equal(similarCalls(a, call("3", "lookup", { city: "Shanghai", days: 3 })), false);
@@ -547,6 +551,54 @@ test("Lab 22.3 · 几乎相同的调用：键的顺序、首尾空白、大小�
     detectRepeat([user, turn("1", { city: "Beijing" }), turn("2", { city: "Tokyo" })], { similar: (x, y) => x.name === y.name }).repeated,
     true,
   );
+
+  // 规范化：连续空白并成一个空格（不是删掉），null 也能比较。
+  assert.equal(similarCalls(call("6", "lookup", { city: "New  York" }), call("7", "lookup", { city: "new york" })), true);
+  assert.equal(similarCalls(call("8", "lookup", { city: "ab c" }), call("9", "lookup", { city: "a bc" })), false);
+  assert.equal(similarCalls(call("10", "lookup", { city: null }), call("11", "lookup", { city: null })), true);
+  // 只比较工具调用：同一轮里的文字不算；没有调用的回合不是重复，最新一轮没有调用时 streak 为 0。
+  const talky = (id: string): AgentMessage => assistantMessage([text("我再查一次"), call(id, "lookup", { city: "Beijing" })], "toolUse");
+  assert.equal(detectRepeat([user, turn("1", { city: "Beijing" }), talky("2")]).repeated, true);
+  assert.deepEqual(detectRepeat([user, answer("先想想"), answer("还在想")]), { repeated: false, streak: 0 });
+  assert.deepEqual(detectRepeat([user, turn("1", { city: "Beijing" }), answer("好了")]), { repeated: false, streak: 0 });
+  // 这一轮的每个调用都要在上一轮找到同伴；上一轮多出来的调用无所谓。
+  const pair = (id: string, second: string): AgentMessage => toolTurn([call(`${id}a`, "lookup", { city: "Beijing" }), call(`${id}b`, second, {})]);
+  assert.equal(detectRepeat([user, turn("1", { city: "Beijing" }), pair("2", "forecast")]).repeated, false);
+  assert.equal(detectRepeat([user, pair("1", "forecast"), turn("2", { city: "Beijing" })]).repeated, true);
+  // 报告的工具是最新一轮的。
+  assert.equal(detectRepeat([user, turn("1", {}, "forecast"), turn("2", {}, "forecast"), turn("3", { city: "Beijing" }), turn("4", { city: "Beijing" })]).tool, "lookup");
+
+  // 补丁只写变化：写入提示、同一段重复不再写、重复停了写 null 撤掉；没有 sections 的 system 消息不碍事。
+  const base = { role: "system" as const, content: "BASE", timestamp: 0 };
+  const looping = [base, user, turn("1", { city: "Beijing" }), turn("2", { city: "Beijing" })];
+  const note = repeatPatch(looping, 9);
+  assert.deepEqual(note, { role: "system", content: "", sections: { [LOOP_GUARD_SECTION]: repeatNote("lookup") }, timestamp: 9 });
+  assert.equal(repeatPatch([...looping, note!], 10), undefined);
+  assert.deepEqual(repeatPatch([...looping, note!, answer("换个办法")], 11), { role: "system", content: "", sections: { [LOOP_GUARD_SECTION]: null }, timestamp: 11 });
+  assert.equal(LOOP_GUARD_SECTION, "loop-guard");
+  assert.equal(ITERATION_LIMIT_SECTION, "iteration-limit");
+
+  // 迭代上限：没到就 continue；到了就是一条只有 section 的补丁。重试（error）与取消（aborted）不算迭代。
+  assert.deepEqual(iterationVerdict(14, 5), { action: "continue" });
+  const limit = iterationVerdict(15, 5);
+  assert.equal(limit.action, "summarize");
+  assert.equal(limit.action === "summarize" && limit.patch.content, "");
+  assert.match(String(limit.action === "summarize" && limit.patch.sections?.[ITERATION_LIMIT_SECTION]), /15 轮/);
+  const steps = [
+    { type: "model_call", stopReason: "toolUse" }, { type: "tool_call" }, { type: "model_call", stopReason: "error" },
+    { type: "model_call", stopReason: "aborted" }, { type: "model_call", stopReason: "stop" },
+  ];
+  assert.equal(completedIterations({ context: { steps } } as unknown as Parameters<typeof completedIterations>[0]), 2);
+
+  // 钩子：自定义上限真的被用上；到上限的那次请求不带工具、是最后一次；重复提示不动工具。
+  const snapshotAfter = (models: number) => ({ checkpointAt: 3, context: { steps: Array.from({ length: models }, () => ({ type: "model_call", stopReason: "toolUse" })) } }) as unknown as Parameters<NonNullable<TaskHooks["prepareRequest"]>>[1];
+  const tools = [{ name: "lookup", description: "查", parameters: {} }];
+  const request = (messages: AgentMessage[]) => ({ messages, tools }) as unknown as Parameters<NonNullable<TaskHooks["prepareRequest"]>>[0];
+  const guard = createLoopGuardHooks({ maxIterations: 2 });
+  const final = (await guard.prepareRequest!(request([user]), snapshotAfter(2))) as { tools: unknown[]; final?: boolean };
+  assert.deepEqual([final.tools, final.final], [[], true]);
+  const nudged = (await guard.prepareRequest!(request(looping), snapshotAfter(1))) as { tools: unknown[]; final?: boolean; persist?: unknown[] };
+  assert.deepEqual([nudged.tools, nudged.final, nudged.persist?.length], [tools, undefined, 1]);
 });
 
 test("Lab 22.3 · 运行时：连续两轮同样的调用之后注入一条“换个策略”的提示，同一段重复只提示一次，重复停止后撤掉", HANG_GUARD, async (t) => {
