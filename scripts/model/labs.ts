@@ -32,17 +32,19 @@ export function focusedCompiled(root: string, spec: ChapterSpec): string {
 export async function runLab(root: string, spec: ChapterSpec, lab?: string, reuse?: TestReuse): Promise<LabReport> {
   checkLab(spec, lab);
   const file = focusedCompiled(root, spec);
-  if (reuse) return runLabReusing(root, spec, lab, file, reuse);
+  const options = lab ? { patterns: [labPattern(lab)] } : {};
+  if (reuse) {
+    // verify: the run's inputs are the build's output, so build first, then run or reuse.
+    const buildMs = await buildForLab(root, file);
+    const started = Date.now();
+    const { outcomes } = await reuse.runTests(root, [file], options);
+    return judgeLab(spec, lab, file, outcomes, buildMs, Date.now() - started);
+  }
   // The test process starts now and boots while tsc builds; it gets the file once the build is done.
-  const tests = prepareTests(root, file, lab ? { patterns: [labPattern(lab)] } : {});
+  const tests = prepareTests(root, file, options);
   let buildMs: number;
   try {
-    const build = await buildPackage(root);
-    buildMs = build.ms;
-    if (!build.ok) {
-      throw new CourseError(`构建失败（tsc）：先修好下面的类型错误，再重新运行。\n${firstLines(build.output, 30)}`);
-    }
-    if (!fs.existsSync(inTree(root, file))) throw new CourseError(`构建后仍找不到 ${file}。`);
+    buildMs = await buildForLab(root, file);
   } catch (error) {
     tests.cancel();
     throw error;
@@ -52,13 +54,12 @@ export async function runLab(root: string, spec: ChapterSpec, lab?: string, reus
   return judgeLab(spec, lab, file, outcomes, buildMs, Date.now() - started);
 }
 
-/** runLab() for verify: build first (the inputs are the build's output), then run or reuse. */
-async function runLabReusing(root: string, spec: ChapterSpec, lab: string | undefined, file: string, reuse: TestReuse): Promise<LabReport> {
+/** Builds the package; a type error or a missing compiled test file is one CourseError. Returns the build's ms. */
+async function buildForLab(root: string, file: string): Promise<number> {
   const build = await buildPackage(root);
   if (!build.ok) throw new CourseError(`构建失败（tsc）：先修好下面的类型错误，再重新运行。\n${firstLines(build.output, 30)}`);
-  const started = Date.now();
-  const { outcomes } = await reuse.runTests(root, [file], lab ? { patterns: [labPattern(lab)] } : {});
-  return judgeLab(spec, lab, file, outcomes, build.ms, Date.now() - started);
+  if (!fs.existsSync(inTree(root, file))) throw new CourseError(`构建后仍找不到 ${file}。`);
+  return build.ms;
 }
 
 /** Refuses a lab the chapter does not have (when its labs are known). */

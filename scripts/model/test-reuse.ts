@@ -134,6 +134,7 @@ export class TestReuse {
     const keys = files.map((file) => (this.enabled ? inputKey(root, file, options, hashes) : ""));
     if (this.enabled) await Promise.all(keys.map((key) => this.#running.get(key)));
     const fresh = files.filter((_, index) => !this.enabled || !this.#passed.has(keys[index]!));
+    const runsHere = new Set(fresh);
     let finished: () => void = () => {};
     const flight = new Promise<void>((resolve) => { finished = resolve; });
     const claimed = this.enabled ? [...new Set(fresh.map((file) => keys[files.indexOf(file)]!))].filter((key) => !this.#running.has(key)) : [];
@@ -149,7 +150,7 @@ export class TestReuse {
     let reused = 0;
     files.forEach((file, index) => {
       const known = this.enabled ? this.#passed.get(keys[index]!) : undefined;
-      if (known && !fresh.includes(file)) {
+      if (known && !runsHere.has(file)) {
         reused += 1;
         outcomes.push(...known);
         return;
