@@ -9,7 +9,7 @@ import { manualSteps, planMutation } from "./model/faults.js";
 import { ensureHistory, materialize } from "./model/history.js";
 import { ROOT, inTree, isInside, isPracticeRoot, resolveFromCaller } from "./model/paths.js";
 import { exercise, faultInPractice } from "./model/practice-fault.js";
-import { type PracticeManifest, readPracticeManifest, unsealFault } from "./model/practice-tree.js";
+import { type PracticeManifest, readPracticeManifest, unsealFault } from "./model/practice-manifest.js";
 import { quotePath } from "./model/quote.js";
 import { buildPackage, firstLines } from "./model/tests.js";
 import { linkNodeModules, withTempDir } from "./model/trees.js";

@@ -7,7 +7,7 @@ import { HINT_RUNGS, type HintState, readHintState, writeHintState } from "./mod
 import { loadCheckpoints, parseChapterArg } from "./model/manifest.js";
 import type { Lab } from "./model/manifest.js";
 import { ROOT, isPracticeRoot } from "./model/paths.js";
-import { readPracticeManifest } from "./model/practice-tree.js";
+import { readPracticeManifest } from "./model/practice-manifest.js";
 
 const USAGE = "用法：npm run hint -w @pi/course -- <章.lab> [--all]   例如 9.1（每运行一次多看一级提示），--all 重看已经看过的各级";
 

@@ -12,7 +12,7 @@ import { type ChapterSpec, type LabReport, firstWait, formatLabReport, runLab } 
 import { loadCheckpoints, parseChapterArg } from "./model/manifest.js";
 import { PACKAGE_DIR, PRACTICE_MANIFEST, ROOT, inTree, isPracticeRoot } from "./model/paths.js";
 import { faultLine, readFaultsDone, tamperedTests } from "./model/practice-state.js";
-import { type PracticeManifest, faultCommand, readPracticeManifest } from "./model/practice-tree.js";
+import { type PracticeManifest, faultCommand, readPracticeManifest } from "./model/practice-manifest.js";
 import { quotePath } from "./model/quote.js";
 import { livePracticeFolders, recordProgress } from "./model/progress.js";
 

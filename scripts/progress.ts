@@ -6,7 +6,7 @@ import { firstLines } from "./model/tests.js";
 import { runLab } from "./model/labs.js";
 import { livePracticeFolders, progressBar, readProgress, recordProgress } from "./model/progress.js";
 import { ROOT, isPracticeRoot } from "./model/paths.js";
-import { readPracticeManifest } from "./model/practice-tree.js";
+import { readPracticeManifest } from "./model/practice-manifest.js";
 import { quotePath } from "./model/quote.js";
 
 function courseRootView(): number {

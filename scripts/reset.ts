@@ -9,7 +9,7 @@ import { CourseError, interactive, main, rejectUnknownOptions, takeFlag } from "
 import { parseChapterArg } from "./model/manifest.js";
 import { ROOT, inTree, isPracticeRoot } from "./model/paths.js";
 import { backupFolder } from "./model/practice-state.js";
-import { type PracticeManifest, readPracticeManifest } from "./model/practice-tree.js";
+import { type PracticeManifest, readPracticeManifest } from "./model/practice-manifest.js";
 import { quotePath } from "./model/quote.js";
 
 const USAGE = "用法：npm run reset -w @pi/course -- <章.lab | 章 | tests> [--yes]   例如 9.1（这个 lab 的教学文件）、09（本章全部教学文件）、tests（给定的测试）";

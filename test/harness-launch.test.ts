@@ -86,3 +86,35 @@ test("launch：不认识的命令只打印一行用法并以 2 退出", async ()
   assert.match(result.stderr, /^用法：node scripts\/launch\.js <命令>.*checkpoint.*lab.*practice/);
   assert.equal(result.stderr.trim().split("\n").length, 1);
 });
+
+test("launch：lab、hint、progress、reset 只加载 node 内置模块和 harness 自己的文件（冷启动不带 simple-git、fs-extra、prompts）", async () => {
+  // A resolve hook (it runs in node's loader thread) writes down every package module the process resolves.
+  const scratch = await tempDir("launch-light");
+  try {
+    const log = path.join(scratch, "resolved.txt");
+    await fs.writeFile(path.join(scratch, "hooks.mjs"), [
+      'import { appendFileSync } from "node:fs";',
+      "export async function resolve(specifier, context, next) {",
+      "  const result = await next(specifier, context);",
+      `  if (result.url.startsWith("file:")) appendFileSync(${JSON.stringify(log)}, result.url + "\\n");`,
+      "  return result;",
+      "}",
+      "",
+    ].join("\n"));
+    await fs.writeFile(path.join(scratch, "register.mjs"), 'import { register } from "node:module";\nregister("./hooks.mjs", import.meta.url);\n');
+    for (const command of ["lab", "hint", "progress", "reset"]) {
+      await fs.remove(log);
+      // A bad argument: the command loads all its modules, refuses, and exits without doing anything.
+      const result = await run(process.execPath, ["--import", path.join(scratch, "register.mjs"), path.join(REPO, "scripts", "launch.js"), command, "no-such-lab"],
+        { cwd: REPO, env: { INIT_CWD: REPO } });
+      assert.notEqual(result.code, 0, `${command} 应拒绝参数 no-such-lab`);
+      const urls = (await fs.readFile(log, "utf8")).trim().split("\n");
+      // The hook saw the compiled harness itself, so an empty list below is not a run that skipped it.
+      assert.ok(urls.some((u) => u.includes("/node_modules/.cache/pi-course-harness/") && u.endsWith(`/scripts/${command}.js`)), `${command}：没有看到编译副本：\n${urls.join("\n")}`);
+      const packages = urls.filter((u) => u.includes("/node_modules/") && !u.includes("/node_modules/.cache/pi-course-harness/"));
+      assert.deepEqual(packages, [], `${command} 每次运行都会加载这些依赖包，拖慢冷启动`);
+    }
+  } finally {
+    await fs.remove(scratch);
+  }
+});

@@ -10,7 +10,7 @@ import { caughtExactly, greenAgain, injectFault, manualSteps, planMutation } fro
 import { runLab } from "./labs.js";
 import { inTree } from "./paths.js";
 import { PENDING_FAULT, faultLine, recordFaultDone, recoverPendingFault } from "./practice-state.js";
-import type { PracticeManifest } from "./practice-tree.js";
+import type { PracticeManifest } from "./practice-manifest.js";
 import { firstLines } from "./tests.js";
 import type { TestReuse } from "./test-reuse.js";
 

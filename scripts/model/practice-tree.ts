@@ -2,57 +2,15 @@
 // the target, the starters laid over the teaching files, the lab runner, and a LEARNING.md. No history, no answer.
 import path from "node:path";
 import fs from "fs-extra";
-import { type Checkpoint, type Edit, type Fault, chapterNumber, focusedGlob, previousId, totalTests } from "./manifest.js";
+import { type Checkpoint, chapterNumber, focusedGlob, previousId, totalTests } from "./manifest.js";
 import { type HistoryInfo, materialize, showFile } from "./history.js";
 import { fitLockfile, type LockFile } from "./lockfile.js";
 import { PACKAGE_DIR, PRACTICE_MANIFEST, ROOT, inTree } from "./paths.js";
 import { PRACTICE_IGNORES, sha256 } from "./practice-state.js";
+import { type PracticeManifest, faultCommand, sealMutation } from "./practice-manifest.js";
 import { compiledTest } from "./tests.js";
 import { agentGuideText } from "./agent-guide.js";
 import { learnerPackageJson } from "./author-deps.js";
-
-/** What `lab` needs to know inside a practice folder (nothing here reveals the solution). */
-export interface PracticeManifest {
-  id: string;
-  title: string;
-  mode: string;
-  parent: string;
-  target: string;
-  focusedTest: string;
-  teachingFiles: string[];
-  labs: Checkpoint["labs"];
-  firstRed: string;
-  /** The course checkout that made this folder: where course-only commands are to be run. */
-  courseRoot?: string;
-  /** The chapter's fault exercises; each mutation sealed (see sealMutation). */
-  faults?: PracticeFault[];
-  /** sha256 of every test file the folder was given, for the tamper check of `lab`. */
-  tests?: Record<string, string>;
-  /** The teaching files whose starter carries each lab's label: what `reset <lab>` restores. */
-  labFiles?: Record<string, string[]>;
-}
-
-/** A fault as the practice folder carries it: everything but the mutation in the open. */
-export type PracticeFault = Omit<Fault, "mutation"> & { sealed: string };
-
-/**
- * The mutation quotes lines of the target's code. It travels base64-encoded so that opening pi-practice.json while
- * still working on the chapter does not show those lines at a glance; `fault` opens it once the chapter is green.
- */
-export function sealMutation(mutation: Edit[]): string {
-  return Buffer.from(JSON.stringify(mutation), "utf8").toString("base64");
-}
-
-export function unsealFault(fault: PracticeFault): Fault {
-  const { sealed, ...rest } = fault;
-  return { ...rest, mutation: JSON.parse(Buffer.from(sealed, "base64").toString("utf8")) as Edit[] };
-}
-
-/** The practice folder's own manifest (written by `practice`). */
-export function readPracticeManifest(root: string): PracticeManifest {
-  const raw = JSON.parse(fs.readFileSync(inTree(root, PRACTICE_MANIFEST), "utf8")) as PracticeManifest;
-  return { ...raw, labs: raw.labs.map((lab) => ({ ...lab, hints: lab.hints ?? [] })) };
-}
 
 /** Harness files a practice folder needs so that `npm run lab` works there. */
 const HARNESS = ["scripts", "package-lock.json"];
@@ -242,11 +200,6 @@ export function learningText(c: Checkpoint, info: HistoryInfo, dest: string): st
     "",
   );
   return lines.join("\n");
-}
-
-/** The one command a guide's fault section prints for a fault (verify checks the guides against it). */
-export function faultCommand(id: string, faultId: string): string {
-  return `npm run fault -w @pi/course -- ${id} ${faultId}`;
 }
 
 /** Folder names that must never appear in a practice tree. */

@@ -7,7 +7,8 @@ import { type HistoryInfo, changedFiles, materialize, showFile, stalePins } from
 import { faultInPractice } from "./practice-fault.js";
 import { PENDING_FAULT, faultLine } from "./practice-state.js";
 import { courseTableCurrent } from "./docs.js";
-import { FORBIDDEN_IN_PRACTICE, faultCommand, readPracticeManifest, unsealFault, writePracticeTree } from "./practice-tree.js";
+import { faultCommand, readPracticeManifest, unsealFault } from "./practice-manifest.js";
+import { FORBIDDEN_IN_PRACTICE, writePracticeTree } from "./practice-tree.js";
 import { PACKAGE_DIR, ROOT, inTree } from "./paths.js";
 import { buildPackage, compiledTest, compiledTests, firstLines, labOf } from "./tests.js";
 import { TestReuse } from "./test-reuse.js";
