@@ -78,24 +78,42 @@ export function runnerSource(tests: string[]): string {
   ].join("\n");
 }
 
-/** The reporter: counts finished top-level tests; a count other than `expected` fails the run (and says so). */
+/**
+ * The reporter: counts finished top-level tests; a count other than `expected` fails the run (and says so). The first
+ * failing test ends the run at once, as Stryker's own runners bail: the mutant is killed, and the tests after it would
+ * only cost time (most mutants fall to an early test). Processes the tests started are killed first (found through
+ * /proc on Linux), so a run cut short leaves no shell or kernel behind.
+ */
 export function reporterSource(expected: number): string {
   return [
     "// Written by npm run mutate: a run where not every focused test ran is a failed run, never a survivor.",
+    'import { readFileSync, writeSync } from "node:fs";',
+    "",
+    "function descendants(pid) {",
+    "  let children = [];",
+    "  try { children = readFileSync(`/proc/${pid}/task/${pid}/children`, \"utf8\").split(/\\s+/).filter(Boolean).map(Number); } catch { return []; }",
+    "  return children.flatMap((child) => [child, ...descendants(child)]);",
+    "}",
+    "",
+    "function bail(name) {",
+    "  for (const pid of descendants(process.pid).reverse()) { try { process.kill(pid, \"SIGKILL\"); } catch {} }",
+    "  writeSync(1, `not ok ${name}（第一个失败的测试，其余不再运行）\\n`);",
+    "  process.exit(1);",
+    "}",
+    "",
     "export default async function* report(source) {",
     "  let ran = 0;",
-    "  let failed = 0;",
     "  for await (const event of source) {",
     "    // The root's plan comes last; act on it (with --test-force-exit the process may end right after it).",
     '    if (event.type === "test:plan" && event.data.nesting === 0) {',
     `      if (ran !== ${expected}) { process.exitCode = 1; yield \`应运行 ${expected} 个测试，实际运行了 \${ran} 个\\n\`; }`,
-    "      yield `${ran} tests, ${failed} failed\\n`;",
+    "      yield `${ran} tests, 0 failed\\n`;",
     "      continue;",
     "    }",
-    '    if ((event.type !== "test:pass" && event.type !== "test:fail") || event.data.nesting !== 0) continue;',
+    '    if (event.type !== "test:pass" && event.type !== "test:fail") continue;',
     "    if (event.data.skip !== undefined || event.data.todo !== undefined) continue;",
-    "    ran += 1;",
-    '    if (event.type === "test:fail") { failed += 1; yield `not ok ${event.data.name}\\n`; }',
+    '    if (event.type === "test:fail") bail(event.data.name);',
+    "    if (event.data.nesting === 0) ran += 1;",
     "  }",
     "}",
     "",
