@@ -11,8 +11,9 @@ import { AUTHOR_ONLY_DEPENDENCIES, learnerPackageJson } from "../scripts/model/a
 import { type LockFile, fitLockfile } from "../scripts/model/lockfile.js";
 import {
   type MutantResult, type MutationTarget, NO_TSCONFIG, RUNNER, allTargets, formatFileScore, formatSummaryTable,
-  mutationTargets, runnerSource, scoreFile, strykerOptions,
+  mutationKey, mutationTargets, runnerSource, scoreFile, strykerOptions,
 } from "../scripts/model/mutate.js";
+import { findTsc } from "../scripts/model/tests.js";
 import { PACKAGE, REPO, course, realChapter, run, tempDir } from "./harness-helpers.js";
 
 const checkpoints = loadCheckpoints();
@@ -95,8 +96,11 @@ test("得分与存活行：杀死 + 超时 除以有效变异体，存活的写�
   const text = formatFileScore(score);
   assert.match(text, /^src\/f\.ts（第 04 章的测试）：5 个变异体 · 杀死 1 · 超时 1 · 存活 2 · 无效 1 · 得分 50\.0 %$/m);
   assert.match(text, /^ {2}src\/f\.ts:2 {2}a > 1 → true$/m);
-  const table = formatSummaryTable([score], new Map([[target.file, 40]]));
-  assert.match(table, /src\/f\.ts\s+5\s+2\s+2\s+50\.0 %\s+40\.0 %$/m);
+  const table = formatSummaryTable([score, { ...score, file: `${PACKAGE}/src/g.ts`, reusedFrom: ".mutation/04.json（2026-12-01 18:00）" }],
+    new Map([[target.file, 40]]), [`${PACKAGE}/src/h.ts`]);
+  assert.match(table, /^src\/f\.ts\s+5\s+2\s+2\s+50\.0 %\s+40\.0 %\s+本次运行$/m);
+  assert.match(table, /^src\/g\.ts\s+5\s+2\s+2\s+50\.0 %\s+—\s+沿用 \.mutation\/04\.json（2026-12-01 18:00）$/m);
+  assert.match(table, /^src\/h\.ts\s+—\s+—\s+—\s+—\s+—\s+未测：没有输入相同的结果$/m);
 });
 
 test("练习目录不带作者依赖：package.json 与 package-lock.json 里没有 Stryker，也没有只有它需要的包；其余的包原样保留", async () => {
@@ -149,12 +153,17 @@ test("一次真正的 Stryker 运行（五行的小文件）：测试漏掉的�
     'import assert from "node:assert/strict";',
     'import { clamp } from "../src/clamp.js";',
     'test("Lab 1.1 · 下界", () => { assert.equal(clamp(-5, 0, 10), 0); assert.equal(clamp(0, 0, 10), 0); assert.equal(clamp(4, 0, 10), 4); });',
+    // Runs after Lab 1.1 and leaves a mark per mutant: a mutant Lab 1.1 killed must not get this far (the run bails).
+    // Like any test that waits for I/O, it gives the event loop a turn first; that is when the reporter reads the failure.
+    'import { writeFileSync } from "node:fs";',
+    `test("Lab 1.2 · 记号", async () => { await new Promise((resolve) => setImmediate(resolve)); writeFileSync(${JSON.stringify(path.join(scratch, "marks"))} + "/" + (process.env.__STRYKER_ACTIVE_MUTANT__ ?? "dry-run"), ""); });`,
     "",
   ].join("\n"));
+  await fs.ensureDir(path.join(scratch, "marks"));
   await fs.ensureSymlink(path.join(REPO, "node_modules"), path.join(root, "node_modules"), "dir");
   const work = path.join(scratch, "work");
   await fs.ensureDir(work);
-  const target: MutationTarget = { file: `${PACKAGE}/src/clamp.ts`, chapters: ["01"], tests: [`${PACKAGE}/dist/test/01-clamp.test.js`], expectedTests: 1 };
+  const target: MutationTarget = { file: `${PACKAGE}/src/clamp.ts`, chapters: ["01"], tests: [`${PACKAGE}/dist/test/01-clamp.test.js`], expectedTests: 2 };
   // Stryker runs in a process of its own (it changes directory and keeps handles open while it works).
   const program = [
     `import { mutateOne, formatFileScore } from ${JSON.stringify(path.join(REPO, "scripts", "model", "mutate.ts"))};`,
@@ -174,11 +183,37 @@ test("一次真正的 Stryker 运行（五行的小文件）：测试漏掉的�
   assert.ok(score.score > 0 && score.score < 100, text);
   assert.ok(fs.existsSync(path.join(scratch, "report.html")), "应写出 Stryker 的 HTML 报告");
   assert.deepEqual((await fs.readdir(work)).filter((n) => n.startsWith(".stryker-tmp")).flatMap((n) => fs.readdirSync(path.join(work, n))), [], "Stryker 的沙箱应被清理");
+  // Only the runs where Lab 1.1 passed reached Lab 1.2: the survivors (and runs without a mutant).
+  const marked = (await fs.readdir(path.join(scratch, "marks"))).filter((n) => /^\d+$/.test(n));
+  assert.equal(marked.length, score.survived, `杀死的变异体不该再跑后面的测试：${marked.join(", ")}\n${text}`);
 
-  // The manifests say two tests, the file has one: the initial run fails instead of scoring a partial run.
-  const miscounted = program.replace(JSON.stringify(target), JSON.stringify({ ...target, expectedTests: 2 })).replace(JSON.stringify(work), JSON.stringify(`${work}-2`));
+  // The manifests say three tests, the file has two: the initial run fails instead of scoring a partial run.
+  const miscounted = program.replace(JSON.stringify(target), JSON.stringify({ ...target, expectedTests: 3 })).replace(JSON.stringify(work), JSON.stringify(`${work}-2`));
   await fs.ensureDir(`${work}-2`);
   const refused = await run(process.execPath, ["--import", "tsx", "--input-type=module", "-e", miscounted], { cwd: REPO, timeoutMs: 180_000 });
   assert.notEqual(refused.code, 0, refused.stdout);
   assert.match(`${refused.stdout}\n${refused.stderr}`, /Stryker 没能跑完/);
+
+  // The key that lets a later run take this score over: the same inputs give the same key, a changed test or source
+  // another one, a file the tests never read none.
+  const tsc = findTsc(root);
+  const build = async (): Promise<void> => {
+    const built = await run(tsc.command, [...tsc.args, "-p", path.join(root, PACKAGE, "tsconfig.json")], { cwd: root });
+    assert.equal(built.code, 0, built.stdout + built.stderr);
+  };
+  await build();
+  const key = mutationKey(root, target);
+  assert.equal(mutationKey(root, target), key);
+  await fs.outputFile(path.join(root, PACKAGE, "src", "unrelated.ts"), "export const unrelated = 1;\n");
+  await build();
+  assert.equal(mutationKey(root, target), key, "测试不读的文件不该改变键");
+  const testFile = path.join(root, PACKAGE, "test", "01-clamp.test.ts");
+  await fs.appendFile(testFile, 'test("Lab 1.3 · 上界", () => { assert.equal(clamp(11, 0, 10), 10); });\n');
+  await build();
+  const strengthened = mutationKey(root, target);
+  assert.notEqual(strengthened, key, "测试变了，键应当变");
+  assert.notEqual(mutationKey(root, { ...target, expectedTests: 3 }), strengthened, "测试个数是键的一部分");
+  await fs.appendFile(path.join(root, PACKAGE, "src", "clamp.ts"), "// edited\n");
+  await build();
+  assert.notEqual(mutationKey(root, target), strengthened, "被变异的文件变了，键应当变");
 });

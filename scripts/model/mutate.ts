@@ -7,6 +7,7 @@
 // longer has. Its tsconfig preprocessor runs whenever the file `tsconfigFile` names exists, so that option names a
 // file that does not. Type errors a mutant makes do not matter: every mutated file gets `// @ts-nocheck` and tsc
 // still emits.
+import crypto from "node:crypto";
 import path from "node:path";
 import fs from "fs-extra";
 import type { Stryker } from "@stryker-mutator/core";
@@ -14,6 +15,7 @@ import { CourseError } from "./cli.js";
 import { type Checkpoint, totalTests } from "./manifest.js";
 import { PACKAGE_DIR, ROOT, inTree } from "./paths.js";
 import { compiledTest, findTsc } from "./tests.js";
+import { inputKey } from "./test-reuse.js";
 
 export type StrykerOptions = ConstructorParameters<typeof Stryker>[0];
 export type MutantResult = Awaited<ReturnType<Stryker["runMutationTest"]>>[number];
@@ -150,6 +152,29 @@ export interface Survivor { line: number; column: number; mutator: string; origi
 export interface FileScore {
   file: string; chapters: string[]; mutants: number; killed: number; timedOut: number; survived: number;
   noCoverage: number; errors: number; score: number; survivors: Survivor[];
+  /** mutationKey() of the run: the same key means the same file, the same judging tests and the same tool. */
+  inputs?: string;
+  /** Set when this score was taken from an earlier report instead of a run: that report's name and date. */
+  reusedFrom?: string;
+  /** The file's first recorded score, carried from report to report (a report file is overwritten by its next run). */
+  first?: { score: number; at: string };
+}
+
+/** Bump when a change to this tool can change a score, so that earlier results are no longer taken over. */
+const KEY_VERSION = "pi-course-mutate/1";
+
+/**
+ * What a mutation score depends on, as one key: the tool and Stryker's version, the file's source, and for every
+ * judging test file the inputs verify uses for reuse (test-reuse.ts: the compiled test, everything it imports and
+ * the files it names), so it needs a fresh build of `root`. A report with the same key holds the same result.
+ */
+export function mutationKey(root: string, target: MutationTarget, hashes = new Map<string, string>()): string {
+  const hash = crypto.createHash("sha256");
+  const stryker = path.join(root, "node_modules", "@stryker-mutator", "core", "package.json");
+  hash.update(`${KEY_VERSION}\n${fs.existsSync(stryker) ? (fs.readJsonSync(stryker) as { version: string }).version : "-"}\n`);
+  hash.update(`${target.file}\n${target.expectedTests}\n`).update(fs.readFileSync(inTree(root, target.file)));
+  for (const test of target.tests) hash.update(`\n${test}\0${inputKey(root, test, {}, hashes)}`);
+  return hash.digest("hex").slice(0, 32);
 }
 
 /** One line of source text for a report: whitespace collapsed, long text cut in the middle. */
@@ -207,17 +232,24 @@ export function formatFileScore(s: FileScore): string {
   return lines.join("\n");
 }
 
-/** The closing table of several files; `before` holds earlier scores by file (from the last report), if any. */
-export function formatSummaryTable(scores: FileScore[], before: Map<string, number> = new Map()): string {
-  const rows = [["文件", "变异体", "杀死", "存活", "得分", "上次"]];
+/**
+ * The closing table of several files: `first` holds each file's first recorded score (the "before" of a file whose
+ * tests were strengthened since), `missing` files that have no score (a `--cached` run lists them without one).
+ */
+export function formatSummaryTable(scores: FileScore[], first: Map<string, number> = new Map(), missing: string[] = []): string {
+  const short = (file: string): string => (file.startsWith(`${PACKAGE_DIR}/`) ? file.slice(PACKAGE_DIR.length + 1) : file);
+  const rows = [["文件", "变异体", "杀死", "存活", "得分", "首次测得", "结果"]];
   for (const s of scores) {
-    const previous = before.get(s.file);
-    rows.push([s.file.slice(PACKAGE_DIR.length + 1), String(s.mutants), String(s.killed + s.timedOut), String(s.survived + s.noCoverage), percent(s.score), previous === undefined ? "—" : percent(previous)]);
+    const previous = first.get(s.file);
+    rows.push([short(s.file), String(s.mutants), String(s.killed + s.timedOut), String(s.survived + s.noCoverage), percent(s.score),
+      previous === undefined ? "—" : percent(previous), s.reusedFrom === undefined ? "本次运行" : `沿用 ${s.reusedFrom}`]);
   }
+  for (const file of missing) rows.push([short(file), "—", "—", "—", "—", first.has(file) ? percent(first.get(file)!) : "—", "未测：没有输入相同的结果"]);
   // Display width: a CJK character takes two columns.
   const width = (text: string): number => [...text].reduce((sum, ch) => sum + (/[\u2e80-\u9fff\uff00-\uffef]/.test(ch) ? 2 : 1), 0);
   const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => width(r[i]!))));
-  const pad = (cell: string, i: number): string => (i === 0 ? cell + " ".repeat(widths[i]! - width(cell)) : " ".repeat(widths[i]! - width(cell)) + cell);
+  const last = rows[0]!.length - 1;
+  const pad = (cell: string, i: number): string => (i === 0 || i === last ? cell + " ".repeat(widths[i]! - width(cell)) : " ".repeat(widths[i]! - width(cell)) + cell);
   return rows.map((r) => r.map(pad).join("  ").trimEnd()).join("\n");
 }
 
