@@ -252,6 +252,9 @@ test("Lab 18.1 · findLatestResponse 跳过失败回复；resolveRoute 的可选
   assert.equal(findLatestResponse(history), used);
   assert.equal(findLatestResponse([user("x"), failure("fast", "boom")]), undefined);
   assert.equal(findLatestResponse([]), undefined);
+  // 最早的一条也算：唯一成功的回复就在下标 0。
+  const opening = reply("fast", "opening");
+  assert.equal(findLatestResponse([opening, failure("slow", "boom")]), opening);
 
   // 最少的请求：没有成功回复、没有失败、没有状态、没有 signal —— 这些键一个都不出现。
   const minimal = await resolveRoute<CountState>(catalog, "auto", { reason: "user", messages: [user("hi")] });
@@ -483,6 +486,8 @@ test("Lab 18.3 · 沿分支从新到旧读取：选择取最新的有效 model_c
     metadata("m7", "m6", VIRTUAL_MODEL_STATE_KEY, { modelId: "auto" }),
     metadata("m8", "m7", VIRTUAL_MODEL_STATE_KEY, ["auto", { count: 99 }]),
     metadata("m9", "m8", "label", { modelId: "slow", state: { count: 50 } }),
+    metadata("m10", "m9", MODEL_CHANGE_KEY, null),
+    metadata("m11", "m10", VIRTUAL_MODEL_STATE_KEY, null),
   ];
   assert.equal(branchSelection(branch), "auto");
   assert.equal(branchSelection(branch.slice(0, 3)), "fast");
@@ -527,6 +532,7 @@ test("Lab 18.3 · 状态只在变化时 record；物理选择直接分派；rout
       return { model: "slow", ...(request.state === undefined ? {} : { state: { ...request.state } }) };
     },
   });
+  catalog.registerVirtual({ id: "forgetful", route: () => ({ model: "slow" }) });
   // 解构之后不带 this 调用：两个方法都必须是闭包。
   const { prepareRequest, routeDirect } = createVirtualModelRouting(catalog, { defaultModelId: "auto" });
   const messages = [user("hi")];
@@ -554,7 +560,13 @@ test("Lab 18.3 · 状态只在变化时 record；物理选择直接分派；rout
   const stateless = fakeSession([metadata("p", null, MODEL_CHANGE_KEY, { modelId: "sticky" })]);
   await prepareRequest(requestFor(messages, fast), stateless);
   assert.equal(stickyCalls, 2);
-  assert.deepEqual([...sticky.records, ...stateless.records], []);
+  // 分支上有状态、路由器这次不给：也不写（不会写出一条没有 state 的记录）。
+  const forgetful = fakeSession([
+    metadata("p", null, MODEL_CHANGE_KEY, { modelId: "forgetful" }),
+    metadata("s", "p", VIRTUAL_MODEL_STATE_KEY, { modelId: "forgetful", state: { count: 3 } }),
+  ]);
+  assert.deepEqual(await prepareRequest(requestFor(messages, fast), forgetful), { model: slow });
+  assert.deepEqual([...sticky.records, ...stateless.records, ...forgetful.records], []);
 
   // 分支选中物理模型：不问任何路由器，不读不写状态。
   const pinned = fakeSession([metadata("p", null, MODEL_CHANGE_KEY, { modelId: "slow" })]);
@@ -567,6 +579,14 @@ test("Lab 18.3 · 状态只在变化时 record；物理选择直接分派；rout
   assert.deepEqual(calls[2], { reason: "direct", state: undefined, keys: ["messages", "model", "reason"] });
   assert.deepEqual(direct, { model: { id: "fast", model: fast }, thinkingLevel: "high", state: { count: 1 } });
   assert.deepEqual(await routeDirect({ branch: () => pinned.branch() }, messages), { model: { id: "slow", model: slow } });
+
+  // retry 的失败回复与 signal 都交给路由器；routeDirect 同样转交 signal。
+  const controller = new AbortController();
+  const rateLimited = failure("fast", "rate limited");
+  await prepareRequest(requestFor([...messages, rateLimited], fast, { reason: "retry", failed: rateLimited }), fakeSession([]), controller.signal);
+  assert.deepEqual(calls[3], { reason: "retry", state: undefined, keys: ["failed", "messages", "model", "reason", "signal"] });
+  await routeDirect({ branch: () => withState.branch() }, messages, controller.signal);
+  assert.deepEqual(calls[4], { reason: "direct", state: undefined, keys: ["messages", "model", "reason", "signal"] });
 
   // 分支选中一个目录里没有的 id：路由失败，什么都不写。
   const missing = fakeSession([metadata("p", null, MODEL_CHANGE_KEY, { modelId: "missing" })]);
