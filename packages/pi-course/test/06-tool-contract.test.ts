@@ -68,13 +68,28 @@ test("Lab 6.1 · objectSchema 生成精确的 JSON Schema，parse 只留下声�
   assert.deepEqual(input, { value: "hello", extra: true, limit: 3 }, "parse 不能改动输入");
 
   assert.deepEqual(schema.parse({ value: "x", label: "名字" }), { value: "x", label: "名字", limit: undefined });
+  // 下限本身合法：1 是正整数。
+  assert.deepEqual(schema.parse({ value: "x", limit: 1 }), { value: "x", label: undefined, limit: 1 });
+
+  // parse 的结果是普通对象：工具可以改写、删除自己拿到的字段（严格模式下写不进去会抛 TypeError）。
+  parsed.limit = 4;
+  delete (parsed as Partial<typeof parsed>).label;
+  assert.deepEqual(parsed, { value: "hello", limit: 4 });
+  // jsonSchema 也是普通数据：调用方可以替换其中一个字段的片段。
+  const properties = schema.jsonSchema!.properties as Record<string, unknown>;
+  properties.label = { type: "string", description: "显示名" };
+  delete properties.limit;
+  assert.deepEqual(Object.keys(properties), ["value", "label"]);
 
   assert.throws(() => schema.parse(null), { message: "参数必须是 object" });
   assert.throws(() => schema.parse(["hello"]), { message: "参数必须是 object" });
+  assert.throws(() => schema.parse("hello"), { message: "参数必须是 object" });
+  assert.throws(() => schema.parse(7), { message: "参数必须是 object" });
   assert.throws(() => schema.parse({ value: 1 }), { message: "必须是 string" });
   assert.throws(() => schema.parse({ value: "x", limit: 0 }), { message: "必须是正整数" });
   assert.throws(() => schema.parse({ value: "x", limit: 1.5 }), { message: "必须是正整数" });
   assert.throws(() => schema.parse({ value: "x", limit: null }), { message: "必须是正整数" });
+  assert.throws(() => schema.parse({ value: "x", limit: "3" }), { message: "必须是正整数" });
   assert.throws(() => schema.parse({ value: "x", label: 7 }), { message: "必须是 string" });
 });
 
