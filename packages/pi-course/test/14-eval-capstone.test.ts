@@ -356,6 +356,13 @@ test("Lab 14.1 · prompt 或 flush 失败归 execute，entries 或读文件失�
       failure: "collect:collect_failed", read: 1,
       events: ["prompt", "flush", "entries", "read:answer.txt", "read:notes.txt", "dispose", "cleanup"],
     },
+    {
+      // result 与 session 一致，却多带了一个函数：观察复制不了，同样是 collect。
+      name: "观察无法复制",
+      runtime: { entries, leafId: "fail-4", result: { reason: "stop", steps: 2, messages: messagesOf(entries), extra: () => "RAW_CLONE" } as AgentRunResult },
+      failure: "collect:collect_failed", read: 1,
+      events: ["prompt", "flush", "entries", "read:answer.txt", "dispose", "cleanup"],
+    },
   ];
 
   for (const scenario of cases) {
@@ -416,6 +423,17 @@ test("Lab 14.2 · 合法的 passed:false 记为 task_failed，自相矛盾或形
     assert.deepEqual(report.primaryFailure, { phase: "judge", code: "invalid_verdict" }, JSON.stringify(value));
     assert.deepEqual(report.evidence.checks, { passed: 0, failed: 0 }, JSON.stringify(value));
   }
+
+  // 读 passed 本身就抛错的 verdict 也只是形状错误。
+  const throwing = Object.defineProperty({ checks: [true] }, "passed", {
+    get() {
+      throw new Error("RAW_VERDICT getter");
+    },
+  });
+  const unreadable = await run(() => throwing);
+  assert.equal(unreadable.status, "infra_failed");
+  assert.deepEqual(unreadable.primaryFailure, { phase: "judge", code: "invalid_verdict" });
+  assert.doesNotMatch(JSON.stringify(unreadable), /RAW_/);
 });
 
 test("Lab 14.2 · active path 拒绝不一致 transcript：每种协议破坏都有自己的代码", async () => {
@@ -583,19 +601,33 @@ test("Lab 14.2 · 坏 case、prepare 抛错或交回坏形状、judge 抛错都�
     prepared += 1;
     return good([]);
   };
-  const badCases: { value: unknown; requested: number }[] = [
-    { value: passingCase(" ", countingPrepare), requested: 1 },
-    { value: passingCase("dup-files", countingPrepare, { files: ["answer.txt", "answer.txt"] }), requested: 2 },
-    { value: passingCase("blank-file", countingPrepare, { files: [""] }), requested: 1 },
-    { value: { ...passingCase("no-files", countingPrepare), files: "answer.txt" }, requested: 0 },
-    { value: { ...passingCase("no-judge", countingPrepare), judge: "yes" }, requested: 1 },
-    { value: { ...passingCase("no-prompt", countingPrepare), prompt: 7 }, requested: 1 },
+  // 报告的 id 取 case 的 id；不是字符串（或读不出来）就是 ""。
+  const unreadableId = Object.defineProperty({ ...passingCase("getter", countingPrepare) }, "id", {
+    get() {
+      throw new Error("RAW_ID getter");
+    },
+  });
+  const badCases: { value: unknown; requested: number; id: string }[] = [
+    { value: passingCase(" ", countingPrepare), requested: 1, id: " " },
+    { value: passingCase("dup-files", countingPrepare, { files: ["answer.txt", "answer.txt"] }), requested: 2, id: "dup-files" },
+    { value: passingCase("blank-file", countingPrepare, { files: [""] }), requested: 1, id: "blank-file" },
+    { value: { ...passingCase("no-files", countingPrepare), files: "answer.txt" }, requested: 0, id: "no-files" },
+    { value: { ...passingCase("count-files", countingPrepare), files: 1 }, requested: 0, id: "count-files" },
+    { value: { ...passingCase("no-judge", countingPrepare), judge: "yes" }, requested: 1, id: "no-judge" },
+    { value: { ...passingCase("no-prepare", countingPrepare), prepare: "later" }, requested: 1, id: "no-prepare" },
+    { value: { ...passingCase("no-prompt", countingPrepare), prompt: 7 }, requested: 1, id: "no-prompt" },
+    { value: { ...passingCase("numeric-id", countingPrepare), id: 7 }, requested: 1, id: "" },
+    { value: unreadableId, requested: 1, id: "" },
+    { value: null, requested: 0, id: "" },
   ];
-  for (const { value, requested } of badCases) {
+  for (const { value, requested, id } of badCases) {
     const report = await runEvalCase(value as EvalCase);
-    assert.equal(report.status, "infra_failed");
-    assert.deepEqual(report.primaryFailure, { phase: "prepare", code: "invalid_case" });
-    assert.deepEqual(report.evidence, evidence({ files: { requested } }));
+    assert.equal(report.id, id);
+    assert.equal(report.status, "infra_failed", id);
+    assert.deepEqual(report.primaryFailure, { phase: "prepare", code: "invalid_case" }, id);
+    assert.deepEqual(report.evidence, evidence({ files: { requested } }), id);
+    assert.deepEqual(report.secondaryFailures, [], id);
+    assert.doesNotMatch(JSON.stringify(report), /RAW_/, id);
   }
   assert.equal(prepared, 0);
 
@@ -608,11 +640,19 @@ test("Lab 14.2 · 坏 case、prepare 抛错或交回坏形状、judge 抛错都�
     () => null as unknown as PreparedEval,
     () => ({ readFile: () => "ok" }) as unknown as PreparedEval,
     () => ({ runtime: fakeRuntime([], { entries, leafId: "p-4" }), readFile: "RAW_NOT_A_FUNCTION" }) as unknown as PreparedEval,
+    // 读 readFile 就抛错：同样是坏形状，Runtime 照样被 dispose。
+    () => Object.defineProperty({ runtime: fakeRuntime([], { entries, leafId: "p-4" }) }, "readFile", {
+      get() {
+        throw new Error("RAW_READFILE getter");
+      },
+    }) as unknown as PreparedEval,
   ];
   for (const prepare of badPrepares) {
     const report = await runEvalCase(passingCase("bad-prepare", prepare));
     assert.equal(report.status, "infra_failed");
     assert.deepEqual(report.primaryFailure, { phase: "prepare", code: "prepare_failed" });
+    // 没拿到工作区就没有东西要收拾，也就没有收尾失败。
+    assert.deepEqual(report.secondaryFailures, []);
     assert.doesNotMatch(JSON.stringify(report), /RAW_|sk-live|private/);
   }
 
