@@ -66,6 +66,14 @@ function assertSingleEnd(events: readonly LoopEvent[], reason: string): void {
   assert.equal(events.at(-1)?.type, "turn_end");
 }
 
+/** 跳过结果的 content 恰好是一段非空的说明文字。 */
+function assertExplained(result: ToolResultMessage): void {
+  assert.equal(result.content.length, 1, "跳过结果应有一段说明文字");
+  const [block] = result.content;
+  assert.equal(block?.type, "text");
+  assert.notEqual(block?.type === "text" ? block.text.trim() : "", "", "说明文字不能为空");
+}
+
 function deferred<T = void>(): { promise: Promise<T>; resolve(value: T): void } {
   let resolve!: (value: T) => void;
   const promise = new Promise<T>((settle) => {
@@ -277,6 +285,8 @@ test("Lab 7.3 · length / error / aborted 收尾：调用一个都不执行，�
         ["call-b", "echo", true, { skipped: true, reason }],
       ],
     );
+    // 跳过结果的 content 是一段说明文字（措辞不限）。
+    for (const message of skipped) assertExplained(message);
     assert.equal(events.some((event) => event.type === "tool_start"), false);
     assert.deepEqual(
       events.flatMap((event) => (event.type === "tool_skipped" ? [event.result] : [])),
@@ -304,6 +314,7 @@ test("Lab 7.3 · stop 却带调用按 unexpected-stop 跳过；toolUse 却没有
   assert.equal(skipped.toolCallId, "call-x");
   assert.equal(skipped.isError, true);
   assert.deepEqual(skipped.details, { skipped: true, reason: "unexpected-stop" });
+  assertExplained(skipped);
   assert.equal(events.some((event) => event.type === "tool_start"), false);
   assert.equal(events.filter((event) => event.type === "tool_skipped").length, 1);
   assertSingleEnd(events, "error");

@@ -711,6 +711,30 @@ test("Lab 9.4 · 工具执行中 abort：模型与工具拿到同一个 signal�
   const result = await ignoring;
   expectReason(result, "aborted");
   assert.deepEqual(describe(result.messages), ["user:忽略取消的模型", "assistant:我没有看 signal"]);
+
+  // 模型因为取消而抛错（像 fetch 的 AbortError）：那条失败回复记为 aborted，不是 error。
+  const abortable: Model = {
+    stream(_context, options = {}) {
+      const cancelled = new Promise<never>((_resolve, reject) => {
+        options.signal?.addEventListener("abort", () => reject(new Error("请求已取消")), { once: true });
+      });
+      return {
+        async *[Symbol.asyncIterator]() {
+          await cancelled;
+        },
+        result: () => cancelled,
+      };
+    },
+  };
+  const { agent: third } = await createAgent(t, abortable);
+  const throwing = third.prompt("会被取消的请求");
+  third.abort();
+  const thrown = await throwing;
+  expectReason(thrown, "aborted");
+  const cancelledReply = thrown.messages.at(-1);
+  assert.ok(cancelledReply?.role === "assistant");
+  assert.equal(cancelledReply.stopReason, "aborted");
+  assert.equal(cancelledReply.errorMessage, "请求已取消");
 });
 
 // ---------------------------------------------------------------------------

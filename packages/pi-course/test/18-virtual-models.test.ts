@@ -10,6 +10,7 @@ import {
   runAgentLoop,
   type AgentRequest,
   type PrepareRequestHook,
+  type PreparedRequest,
 } from "../src/agent-loop.js";
 import {
   createRuntime,
@@ -376,6 +377,17 @@ test("Lab 18.2 · 直接调用循环时末尾的失败回复是 retry；钩子�
   assert.deepEqual(requestReason([user("a"), failed, patch]), { reason: "retry", failed });
   assert.deepEqual(requestReason([user("a"), failed, user("again")]), { reason: "user" });
   assert.equal(requestReason([user("a"), failed]).failed, failed);
+  // 以 aborted 结束的回复同样是失败回复；transcript 的第一条就是它也一样。
+  const cut = reply("slow", "", "aborted");
+  assert.deepEqual(requestReason([user("a"), cut]), { reason: "retry", failed: cut });
+  assert.deepEqual(requestReason([failed]), { reason: "retry", failed });
+  // 失败回复之后已经有了（跳过的）工具结果：不是“之后什么都没有”，所以是 continuation。
+  const failedCall = assistantMessage([echoCall("c-skip", "x")], "error", { provider: "test", model: "fast", errorMessage: "cut", timestamp: 3 });
+  const skipped: AgentMessage = {
+    role: "toolResult", toolCallId: "c-skip", toolName: "echo", content: [text("跳过")],
+    details: { skipped: true, reason: "error" }, isError: true, timestamp: 4,
+  };
+  assert.deepEqual(requestReason([user("a"), failedCall, skipped]), { reason: "continuation" });
 
   const configured = physical([]);
   const fast = physical([reply("fast", "recovered")]);
@@ -409,17 +421,23 @@ test("Lab 18.2 · 直接调用循环时末尾的失败回复是 retry；钩子�
   assert.equal(last.stopReason, "error");
   assert.equal(last.errorMessage, "router exploded");
 
-  // 答复的 model 不是一个模型：同样是 error 回复，而不是一个悬空的异常。
-  const malformed = await runAgentLoop({
-    model: configured,
-    tools: new ToolRegistry(),
-    context: { messages: [user("hi")] },
-    prepareRequest: (request) => {
-      structuredClone(request);
-      return { model: {} as Model };
-    },
-  });
-  assert.equal(malformed.reason, "error");
+  // 答复的 model 不是一个模型，或者答复根本不是对象：同样是说明了原因的 error 回复，而不是一个悬空的异常。
+  const answers: unknown[] = [{ model: {} as Model }, "fast"];
+  for (const answer of answers) {
+    const malformed = await runAgentLoop({
+      model: configured,
+      tools: new ToolRegistry(),
+      context: { messages: [user("hi")] },
+      prepareRequest: (request) => {
+        structuredClone(request);
+        return answer as PreparedRequest;
+      },
+    });
+    assert.equal(malformed.reason, "error", JSON.stringify(answer));
+    const explained = malformed.messages.at(-1) as AssistantMessage;
+    assert.equal(explained.stopReason, "error", JSON.stringify(answer));
+    assert.notEqual(explained.errorMessage ?? "", "", `${JSON.stringify(answer)}：error 回复要说明原因`);
+  }
   assert.equal(configured.requests.length, 0);
 });
 
