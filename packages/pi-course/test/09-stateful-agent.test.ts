@@ -250,6 +250,13 @@ test("Lab 9.1 · run_start、loop 事件和 run_end 依次派生公开状态，�
   state = reduceAgentState(state, loopEvent(1, textDelta("文件")));
   assert.equal(state.streamingText, "先看文件");
   assert.equal(started.streamingText, "");
+  // 只有 text_delta 进 streamingText：start 与工具参数的增量不改变状态。
+  const partial = assistantMessage([text("先看文件")]);
+  const others: LoopEvent[] = [
+    { type: "model_event", event: { type: "start", partial } },
+    { type: "model_event", event: { type: "toolcall_delta", contentIndex: 1, delta: '{"path":', partial } },
+  ];
+  for (const other of others) assert.deepEqual(reduceAgentState(state, loopEvent(1, other)), state);
 
   const afterAssistant = reduceAgentState(state, loopEvent(1, { type: "assistant_message", message: toolTurn(read, check) }));
   assert.equal(afterAssistant.streamingText, "");
@@ -331,6 +338,9 @@ test("Lab 9.1 · run 2 开始后，run 1 迟到的 loop 与 run_end 原样返回
   });
   assert.equal(idle.status, "idle");
   assert.equal(reduceAgentState(idle, loopEvent(2, textDelta("迟到"))), idle);
+  // 即使空闲状态还带着同一个 run 编号，不在运行就不是“当前”。
+  const idleWithId: AgentState = { ...idle, activeRunId: 2 };
+  assert.equal(reduceAgentState(idleWithId, loopEvent(2, textDelta("迟到"))), idleWithId);
   assert.equal(
     reduceAgentState(idle, { type: "run_end", runId: 2, result: { reason: "error", steps: 0, messages: [] } }),
     idle,
@@ -412,7 +422,13 @@ test(
 
     // 3) systemPrompt 成为开头的 system；prompt 的 system 补丁紧挨本轮 user
     const blank = await createAgent(t, new ProbeModel([]), { systemPrompt: "" });
-    assert.deepEqual(blank.agent.getState().messages, []);
+    assert.deepEqual(blank.agent.getState(), {
+      status: "idle",
+      messages: [],
+      streamingText: "",
+      pendingToolCallIds: [],
+      diagnostics: [],
+    });
     assert.equal(blank.agent.systemPrompt, undefined);
 
     const systemModel = new ProbeModel([reply("好的"), reply("明白")]);
