@@ -420,6 +420,29 @@ test(
     expectReason(retried, "stop");
     assert.deepEqual(roles(retried.messages), ["user", "assistant", "toolResult", "assistant", "user", "assistant"]);
 
+    // 循环本身抛出的意外（这里是一条 content 不是数组的坏回复）：prompt() 不拒绝，
+    // 兜底结果是“本轮输入 + 一条空内容的 error assistant”，steps 为 0。
+    const broken: Model = {
+      stream() {
+        const malformed = { ...reply("坏回复"), content: undefined } as unknown as AssistantMessage;
+        return {
+          async *[Symbol.asyncIterator]() {},
+          result: async () => malformed,
+        };
+      },
+    };
+    const { agent: brokenAgent } = await createAgent(t, broken);
+    const fallback = await brokenAgent.prompt("给一个坏回复");
+    expectReason(fallback, "error");
+    assert.equal(fallback.steps, 0);
+    assert.deepEqual(roles(fallback.messages), ["user", "assistant"]);
+    const fallbackReply = fallback.messages[1];
+    assert.ok(fallbackReply?.role === "assistant");
+    assert.equal(fallbackReply.stopReason, "error");
+    assert.deepEqual(fallbackReply.content, []);
+    assert.notEqual(fallbackReply.errorMessage ?? "", "", "兜底的 error assistant 要带上异常文字");
+    assert.deepEqual(brokenAgent.getState().messages, fallback.messages);
+
     // 3) systemPrompt 成为开头的 system；prompt 的 system 补丁紧挨本轮 user
     const blank = await createAgent(t, new ProbeModel([]), { systemPrompt: "" });
     assert.deepEqual(blank.agent.getState(), {
