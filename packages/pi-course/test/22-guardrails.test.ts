@@ -5,7 +5,8 @@
 // 所有等待都用注入的假时钟与假 sleep：sleep 只记下要等多久并把时钟拨过去，测试里没有真实的等待。
 
 import assert from "node:assert/strict";
-import { mkdtemp, rm, readFile, appendFile } from "node:fs/promises";
+import { createHash } from "node:crypto";
+import { mkdtemp, rm, readFile, appendFile, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import test from "node:test";
@@ -14,6 +15,7 @@ import { ScriptedModel, type ScriptedTurn } from "../src/scripted-model.js";
 import { objectSchema, stringValue, ToolRegistry, type Tool } from "../src/tool.js";
 import { assistantMessage, currentSystemMessage, text, textOf } from "../src/types.js";
 import type { AgentMessage, AssistantMessage, ToolCall, ToolResultMessage } from "../src/types.js";
+import { createTask } from "../src/task-runtime/task-state.js";
 import { TaskStore } from "../src/task-runtime/task-store.js";
 import { TaskRuntime, type TaskHooks, type TaskRuntimeEvent } from "../src/task-runtime/task-runner.js";
 import {
@@ -27,6 +29,7 @@ import {
   toolFailureKind,
 } from "../src/guardrails/retry-policy.js";
 import {
+  BUDGET_DENIED,
   BUDGET_SECTION,
   OUTPUT_RESERVE,
   budgetMode,
@@ -49,6 +52,7 @@ import {
 import {
   AuditLog,
   PERMISSION_DENIED,
+  argsDigest,
   checkPermission,
   createAuditHooks,
   createPermissionHooks,
@@ -408,18 +412,26 @@ test("Lab 22.1 · 格式错误回填原样输出与错误，最多 2 次；参�
 // Lab 22.2 · 预算：节省、收尾与输出余量
 // ---------------------------------------------------------------------------
 
-test("Lab 22.2 · 模式边界：剩余 ≤ 15 % 节省、≤ 5 % 收尾；section 只在模式变化时写；窗口给输出留 20 %，整轮丢弃最早的回合", () => {
+test("Lab 22.2 · 模式边界：剩余 ≤ 15 % 节省、≤ 5 % 收尾；section 只在模式变化时写；窗口给输出留 20 %，整轮丢弃最早的回合", async () => {
   const mode = (used: number) => budgetMode({ total: 1_000, used });
   assert.deepEqual([0, 849, 850, 949, 950, 1_200].map(mode), ["normal", "normal", "conserve", "conserve", "finish", "finish"]);
   assert.throws(() => budgetMode({ total: 0, used: 0 }), RangeError);
 
   const tools = ["search", "translate", "chart"].map((name) => ({ name, description: name, parameters: { type: "object" } }));
   const user = { role: "user" as const, content: [text("问题")], timestamp: 0 };
+  const system = { role: "system" as const, content: "规则", timestamp: 0 };
+  const round = (id: string): AgentMessage[] => [
+    toolTurn([call(id, "search", { q: id })]),
+    { role: "toolResult", toolCallId: id, toolName: "search", content: [text(id)], isError: false, timestamp: 0 },
+  ];
   const base = { tools, essential: new Set(["search"]), windowTokens: 100_000, at: 7 };
   const normal = planRequest({ ...base, messages: [user], budget: { total: 1_000, used: 100 } });
   assert.equal(normal.mode, "normal");
   assert.equal(normal.patch, undefined);
   assert.deepEqual(normal.tools.map((tool) => tool.name), ["search", "translate", "chart"]);
+  assert.deepEqual([normal.messages, normal.trimmed], [[user], 0], "没有补丁时发出的就是原来的对话");
+  // 只有正文、没有 section 的 system 消息不算声明了模式。
+  assert.deepEqual(planRequest({ ...base, messages: [system, user], budget: { total: 1_000, used: 100 } }).messages, [system, user]);
 
   const conserve = planRequest({ ...base, messages: [user], budget: { total: 1_000, used: 860 } });
   assert.equal(conserve.mode, "conserve");
@@ -427,10 +439,18 @@ test("Lab 22.2 · 模式边界：剩余 ≤ 15 % 节省、≤ 5 % 收尾；secti
   assert.deepEqual(conserve.dropped, ["translate", "chart"]);
   assert.match(conserve.patch!.sections![BUDGET_SECTION]!, /14%/);
   assert.equal(conserve.patch!.timestamp, 7);
+  assert.equal(conserve.patch!.content, "", "补丁只带 budget section，没有正文");
   // 补丁写进对话之后，同一模式不再写第二次；回到 normal 写 null 撤掉。
   const written = [user, conserve.patch!];
   assert.equal(planRequest({ ...base, messages: written, budget: { total: 1_000, used: 870 } }).patch, undefined);
-  assert.deepEqual(planRequest({ ...base, messages: written, budget: { total: 10_000, used: 870 } }).patch?.sections, { [BUDGET_SECTION]: null });
+  assert.deepEqual(planRequest({ ...base, messages: written, budget: { total: 10_000, used: 870 } }).patch?.sections, { budget: null });
+  // “最多再用一轮”只数 section 写下之后的 toolUse 回复：之后插进来的正文 system 消息和一次失败的回复都不算；
+  // section 写在对话最前面、之后用过一轮工具，就一个工具也不给。
+  const failedReply = assistantMessage([], "error", { errorMessage: "上游超时" });
+  const still = planRequest({ ...base, messages: [...written, system, failedReply], budget: { total: 1_000, used: 870 } });
+  assert.deepEqual([still.mode, still.tools.map((tool) => tool.name)], ["conserve", ["search"]]);
+  const spent = planRequest({ ...base, messages: [conserve.patch!, user, ...round("a")], budget: { total: 1_000, used: 870 } });
+  assert.deepEqual([spent.mode, spent.tools, spent.dropped], ["conserve", [], ["search", "translate", "chart"]]);
   const finish = planRequest({ ...base, messages: written, budget: { total: 1_000, used: 960 } });
   assert.equal(finish.mode, "finish");
   assert.deepEqual(finish.tools, []);
@@ -440,11 +460,6 @@ test("Lab 22.2 · 模式边界：剩余 ≤ 15 % 节省、≤ 5 % 收尾；secti
   assert.equal(OUTPUT_RESERVE, 0.2);
   const sized = planRequest({ ...base, messages: [user], budget: { total: 1_000, used: 0 }, windowTokens: 1_000 });
   assert.deepEqual([sized.inputLimit, sized.outputReserve], [800, 200]);
-  const system = { role: "system" as const, content: "规则", timestamp: 0 };
-  const round = (id: string): AgentMessage[] => [
-    toolTurn([call(id, "search", { q: id })]),
-    { role: "toolResult", toolCallId: id, toolName: "search", content: [text(id)], isError: false, timestamp: 0 },
-  ];
   const history: AgentMessage[] = [system, user, ...round("a"), ...round("b"), ...round("c")];
   const fitted = fitWindow(history, 4 * 100, () => 100);
   // system 与第一条 user 永远保留，最早的两轮（各两条）整轮丢弃，调用与结果不会被拆开。
@@ -454,6 +469,35 @@ test("Lab 22.2 · 模式边界：剩余 ≤ 15 % 节省、≤ 5 % 收尾；secti
     ["system", "user", "assistant", "result:c"],
   );
   assert.equal(fitWindow(history, 10_000, () => 100).trimmed, 0);
+  // 上限 500：按整轮丢，a、b 两轮一起走（逐条丢会留下 b 的孤零零的结果）；上限 600：估算恰好等于上限就不再丢；
+  // 上限 100：连 system 与 user 都放不下，最新一轮照样保留。
+  assert.deepEqual(fitWindow(history, 500, () => 100), fitted);
+  assert.deepEqual(
+    fitWindow(history, 600, () => 100).messages.map((message) => (message.role === "toolResult" ? `result:${message.toolCallId}` : message.role)),
+    ["system", "user", "assistant", "result:b", "assistant", "result:c"],
+  );
+  assert.deepEqual(fitWindow(history, 100, () => 100), fitted);
+  // 默认估算（JSON 长度 ÷ 4）：这六条消息放得进 1000，放不进 1。
+  assert.deepEqual([fitWindow(history, 1_000).trimmed, fitWindow(history, 1).trimmed], [0, 4]);
+
+  // 钩子：没有配额的任务只裁窗口（500 的窗口输入上限 400），工具原样。
+  const request = { messages: history, tools };
+  const unlimited = createTask({ taskId: "w1", input: "问题" }, 0).snapshot;
+  const windowOnly = await createBudgetHooks({ windowTokens: 500, estimate: () => 100 }).prepareRequest!(request, unlimited);
+  assert.deepEqual(windowOnly, { messages: fitted.messages, tools });
+  // 有配额：自定义的阈值与估算都要用上。剩 40 % 按阈值 0.5 已是 conserve，补丁进 persist，也在发出的消息里。
+  const limited = createTask({ taskId: "w2", input: "问题", tokenBudget: 1_000 }, 0).snapshot;
+  limited.context.tokensUsed = 600;
+  const hooks = createBudgetHooks({ windowTokens: 500, essential: ["search"], estimate: () => 100, thresholds: { conserve: 0.5, finish: 0.1 } });
+  const planned = await hooks.prepareRequest!(request, limited);
+  assert.equal(planned.persist?.length, 1);
+  assert.match(currentSystemMessage(planned.persist!)!.sections!.budget!, /40%.*节省模式/);
+  assert.deepEqual(planned.messages, [...fitted.messages, planned.persist![0]!]);
+  assert.deepEqual([planned.tools.map((tool) => tool.name), planned.final], [["search"], undefined]);
+  // normal 模式、模式没变：没有补丁，也不是最后一次请求（哪怕这次本来就没有工具）。
+  limited.context.tokensUsed = 0;
+  const quiet = await hooks.prepareRequest!({ messages: [user], tools: [] }, limited);
+  assert.deepEqual(quiet, { messages: [user], tools: [] });
 });
 
 test("Lab 22.2 · 运行时节省模式：剩 14 % 时只给必要工具、最多再用一轮、被撤下的工具调不动；section 只写一次，说明原因", HANG_GUARD, async (t) => {
@@ -467,7 +511,7 @@ test("Lab 22.2 · 运行时节省模式：剩 14 % 时只给必要工具、最�
     toolTurn([call("c2", "search", { q: "退货" }), call("c3", "chart", { q: "柱状图" })], 20),
     answer("销量 120，退货 3", 20),
   ]);
-  const { runtime, store } = await openRuntime(dir, {
+  const { runtime, store, registry } = await openRuntime(dir, {
     model,
     tools: [search.tool, chart.tool],
     time,
@@ -486,7 +530,16 @@ test("Lab 22.2 · 运行时节省模式：剩 14 % 时只给必要工具、最�
   assert.deepEqual(chart.runs, [], "被撤下的工具即使被调用也不运行");
   const denied = done.context.messages.find((message) => message.role === "toolResult" && message.toolCallId === "c3") as ToolResultMessage;
   assert.equal(denied.isError, true);
+  assert.match(textOf(denied), /预算不足/, "拒绝的结果告诉模型原因是预算");
   assert.equal(sectionValues(done.context.messages, BUDGET_SECTION).length, 1, "只写变化：section 在对话里只出现一次");
+  // 第三次请求时的任务（回答之前）：钩子不给工具、标成最后一次请求，模式没变也就没有新补丁；闸门只放行必要工具。
+  const hooks = createBudgetHooks({ windowTokens: 100_000, essential: ["search"] });
+  const third = structuredClone(done);
+  third.context.messages.pop();
+  const last = await hooks.prepareRequest!({ messages: third.context.messages, tools: registry.definitions() }, third);
+  assert.deepEqual([last.tools, last.final, last.persist], [[], true, undefined]);
+  assert.deepEqual(await hooks.gateTool!(call("c9", "chart", { q: "饼图" }), third), { allow: false, message: BUDGET_DENIED });
+  assert.deepEqual(await hooks.gateTool!(call("c9", "search", { q: "库存" }), third), { allow: true });
   await store.close();
 });
 
@@ -517,6 +570,9 @@ test("Lab 22.2 · 运行时收尾模式：剩 4 % 时不给任何工具，回复
   assert.equal(last.toolCallId, "c2");
   assert.equal(last.isError, true);
   assert.equal(model.requests.length, 2);
+  // 收尾模式下闸门连必要工具也不放行。
+  const gate = createBudgetHooks({ windowTokens: 100_000, essential: ["search"] }).gateTool!;
+  assert.deepEqual(await gate(call("c9", "search", { q: "三月" }), done), { allow: false, message: BUDGET_DENIED });
   await store.close();
 });
 
@@ -682,6 +738,16 @@ test("Lab 22.4 · 权限闸门：read 默认放行；write 只在确认回调明
   assert.equal(asked.length, 0, "delete 连问都不问");
   assert.equal(permissionOf({}), "write");
   assert.equal(permissionOf({ permission: "read" }), "read");
+
+  // 闸门：未知工具和模型调不到的工具（没激活的 deferred）直接放行，交给执行器给出它自己的失败；其余才按级别判定。
+  const deferred = countingTool("bulk_update", { permission: "write" }).tool;
+  deferred.exposure = "deferred";
+  const registry = new ToolRegistry([countingTool("update_address", { permission: "write" }).tool, deferred]);
+  const gate = createPermissionHooks({ tools: registry, policy: {} }).gateTool!;
+  const snapshot = createTask({ taskId: "t9", input: "改地址" }, 0).snapshot;
+  assert.deepEqual(await gate(call("g1", "no_such_tool", {}), snapshot), { allow: true });
+  assert.deepEqual(await gate(call("g2", "bulk_update", {}), snapshot), { allow: true });
+  assert.deepEqual(await gate(call("g3", "update_address", {}), snapshot), { allow: false, message: PERMISSION_DENIED });
 });
 
 test("Lab 22.4 · 运行时：同一批里 read 执行、write 经确认执行、delete 被拒；拒绝是一条普通的配对错误，不透露业务细节，任务照常完成", HANG_GUARD, async (t) => {
@@ -722,6 +788,7 @@ test("Lab 22.4 · 运行时：同一批里 read 执行、write 经确认执行�
   assert.deepEqual(results.map((result) => [result.toolCallId, result.isError]), [["r", false], ["w", false], ["d", true], ["u", true]]);
   const deniedText = textOf(results[2]!);
   assert.equal(deniedText, `Tool delete_order failed: ${PERMISSION_DENIED}`);
+  assert.match(deniedText, /权限不足/, "拒绝的正文只说权限不足");
   assert.deepEqual(results[2]!.details, { error: PERMISSION_DENIED });
   for (const secret of ["ORD-9", "张三", "delete", "forbidden"]) {
     assert.ok(!PERMISSION_DENIED.includes(secret) && !deniedText.slice("Tool delete_order".length).includes(secret), `拒绝文本不应含 ${secret}`);
@@ -793,14 +860,35 @@ test("Lab 22.4 · 审计日志：每次迁移、模型请求与回复、工具�
   assert.ok(!raw.includes("ORD-1\""), "参数正文没有进审计日志");
   const digest = (records.find((record) => record.kind === "permission") as Extract<AuditRecord, { kind: "permission" }>).argsDigest;
   assert.match(digest, /^[0-9a-f]{16}$/);
+  assert.equal(digest, argsDigest({ q: "ORD-1" }));
+  // 摘要是规范化参数（键排序、紧凑的 JSON）的 sha256 前 16 位：键的顺序不影响它，值不同它就不同。
+  const sha = (value: string): string => createHash("sha256").update(value).digest("hex").slice(0, 16);
+  assert.equal(argsDigest({ b: [2, 3], c: null, a: { y: "二", x: 1 } }), sha('{"a":{"x":1,"y":"二"},"b":[2,3],"c":null}'));
 
   // 进程死在写一半：末行没有换行也不是完整 JSON，读回时跳过它；重开之后接着编号。
   await appendFile(file, '{"seq": 99, "kind": "trans');
   assert.equal((await readAuditLog(file)).length, records.length);
   const reopened = await AuditLog.open(file);
   await reopened.append({ kind: "recovered", taskId: "a1", at: time.clock(), state: "completed", version: 1 });
-  await reopened.close();
+  // 审计钩子把运行时的 recovered 事件也写成一行。
+  createAuditHooks(reopened).onEvent!({ kind: "recovered", taskId: "a2", state: "running", version: 4, at: 123 });
+  await reopened.flush();
+  // 一次写失败（这条记录写不成 JSON）：这次 append 失败，后面的写照样落盘，flush 与 close 报告那次失败，close 之后文件已关。
+  const unwritable = { kind: "recovered", taskId: "a1", at: 1n, state: "completed", version: 1 } as unknown as AuditRecord;
+  await assert.rejects(reopened.append(unwritable), TypeError);
+  await reopened.append({ kind: "recovered", taskId: "a3", at: 124, state: "running", version: 2 });
+  await assert.rejects(reopened.flush(), TypeError);
+  await assert.rejects(reopened.close(), TypeError);
+  await assert.rejects(reopened.append({ kind: "recovered", taskId: "a4", at: 125, state: "running", version: 1 }));
   const after = await readAuditLog(file);
-  assert.equal(after.at(-1)!.seq, records.length + 1);
+  assert.equal(after.at(-3)!.seq, records.length + 1);
+  assert.deepEqual(after.slice(-2).map(({ seq, ...record }) => record), [
+    { kind: "recovered", taskId: "a2", at: 123, state: "running", version: 4 },
+    { kind: "recovered", taskId: "a3", at: 124, state: "running", version: 2 },
+  ]);
+  // 中间的坏行说明文件被改过：读回时直接报错，并指出第几行。
+  const broken = path.join(dir, "broken.jsonl");
+  await writeFile(broken, '{"seq":1,"kind":"recovered"}\nnot json\n{"seq":3,"kind":"recovered"}\n');
+  await assert.rejects(readAuditLog(broken), /第 2 行/);
   await store.close();
 });
