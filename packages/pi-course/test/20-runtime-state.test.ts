@@ -30,7 +30,7 @@ import {
   findPython,
 } from "../src/code-runtime/python-kernel.js";
 import type { PythonKernelOptions } from "../src/code-runtime/python-kernel.js";
-import { CODE_ACTION_TOOL_NAME, createCodeActionTool } from "../src/code-runtime/code-action.js";
+import { CODE_ACTION_TOOL_NAME, createCodeActionTool, formatObservation } from "../src/code-runtime/code-action.js";
 import type { CodeActionDetails } from "../src/code-runtime/code-action.js";
 
 // ---------------------------------------------------------------------------
@@ -123,6 +123,10 @@ test("Lab 20.1 · 契约：预览最多 80 个字符，空状态 alive=false 且
   const circular: Record<string, unknown> = {};
   circular.self = circular;
   assert.equal(toPlainValue(circular), "[object Object]");
+  // 连 String() 都失败（没有原型的循环对象）：仍然交回一个字符串，不抛错。
+  const bare = Object.create(null) as Record<string, unknown>;
+  bare.self = bare;
+  assert.equal(toPlainValue(bare), "[object Object]");
 });
 
 test("Lab 20.1 · JS 内核：同一个 context 跨单元格保留裸赋值，return 给出 value，console 输出进 stdout", HANG_GUARD, async () => {
@@ -156,6 +160,10 @@ test("Lab 20.1 · 单元格失败是 ok=false 的结果（name 与 message），
   assert.equal(syntax.error?.name, "SyntaxError");
   const missing = await kernel.execute("return notDefinedAnywhere");
   assert.equal(missing.error?.name, "ReferenceError");
+  // 不是 Error 的对象：只认字符串的 name 与 message；连 String() 都不行时也有一句消息。
+  assert.deepEqual((await kernel.execute("throw { message: 'bare' }")).error, { message: "bare" });
+  assert.deepEqual((await kernel.execute("throw { name: 'Odd', message: 42 }")).error, { message: "[object Object]" });
+  assert.deepEqual((await kernel.execute("throw Object.create(null)")).error, { message: "[object Object]" });
   assert.equal(await okValue(kernel, "return kept"), "still here");
 
   const lines = await okValue(kernel, "content = await fs.read('data.csv')\nreturn content.trim().split('\\n').length");
@@ -172,6 +180,10 @@ test("Lab 20.1 · 超时：同步死循环与永不结束的 await 都返回 Tim
   const spin = await kernel.execute("while (true) {}", { timeoutMs: 100 });
   assert.equal(spin.ok, false);
   assert.equal(spin.error?.name, "TimeoutError");
+  // 超时立即换上新内核：观察是 alive=true，旧变量不在。
+  const replaced = await kernel.describe();
+  assert.equal(replaced.alive, true);
+  assert.ok(!names(replaced).includes("keep"));
   assert.equal(await okValue(kernel, "return typeof keep"), "undefined");
 
   assert.equal(await okValue(kernel, "keep = 2\nreturn keep"), 2);
@@ -187,6 +199,42 @@ test("Lab 20.1 · 超时：同步死循环与永不结束的 await 都返回 Tim
   const aborted = await pending;
   assert.equal(aborted.error?.name, "AbortError");
   assert.equal(await okValue(kernel, "return 'fresh'"), "fresh");
+  // 开始前就取消了的 signal：这一格不运行。
+  const early = await kernel.execute("ran = true", { signal: AbortSignal.abort() });
+  assert.equal(early.error?.name, "AbortError");
+  assert.equal(await okValue(kernel, "return typeof ran"), "undefined");
+
+  // 内核创建时给的超时就是默认值；期限从这一格开始时算，await 宿主能力的时间也在里面。
+  const short = createJavaScriptKernel({ timeoutMs: 100 });
+  assert.equal((await short.execute("while (true) {}")).error?.name, "TimeoutError");
+  let markStarted!: () => void;
+  const started = new Promise<void>((resolve) => {
+    markStarted = resolve;
+  });
+  const clock = createJavaScriptKernel({
+    capabilities: {
+      clock: {
+        wait: (ms) => new Promise((resolve) => setTimeout(() => resolve(ms), ms as number)),
+        hang: () => {
+          markStarted();
+          return new Promise(() => {});
+        },
+      },
+    },
+  });
+  const [waited, seen] = await Promise.all([clock.execute("late = await clock.wait(20)\nreturn late"), clock.describe()]);
+  assert.deepEqual(waited, { ok: true, value: 20, stdout: "" });
+  // describe() 排在正在跑的一格后面，看到的是它结束之后的状态。
+  assert.ok(names(seen).includes("late"), names(seen).join(", "));
+
+  // 跑到一半被取消：内核同样丢掉，但等下一格再创建，所以观察是 alive=false。
+  const stopper = new AbortController();
+  const hanging = clock.execute("await clock.hang()", { signal: stopper.signal });
+  await started;
+  stopper.abort();
+  assert.equal((await hanging).error?.name, "AbortError");
+  assert.deepEqual(await clock.describe(), { alive: false, variables: [] });
+  assert.equal(await okValue(clock, "return typeof late"), "undefined");
 });
 
 // ---------------------------------------------------------------------------
@@ -412,8 +460,18 @@ test("Lab 20.4 · code_action 先 execute 再 describe：details 带 state，文
   assert.deepEqual(recording.calls, ["execute:total = 253", "describe"]);
   assert.equal(recording.signal, controller.signal);
   assert.equal(probe.isError, false);
+  // 没有输出的一格：结果行、value 行、state 行，没有 stdout 那一段。
+  assert.equal(textOf(probe), 'ok\nvalue: {"rows":3}\nstate: alive=true · variables=[total:number]');
   assert.equal(createCodeActionTool({ runtime: recording }).exposure, undefined, "省略 exposure 即第 15 章的 direct");
   assert.equal(createCodeActionTool({ runtime: recording, exposure: "deferred" }).exposure, "deferred");
+  // 工具名是 code_action；默认说明讲清三件事：常驻内核里变量跨调用保留、结果最后一行的 state 列出活着的变量、
+  // 已有的变量按名字复用。传入的说明原样使用。
+  assert.equal(CODE_ACTION_TOOL_NAME, "code_action");
+  const defaultDescription = createCodeActionTool({ runtime: recording }).description;
+  assert.match(defaultDescription, /常驻内核.*变量跨调用保留/);
+  assert.match(defaultDescription, /最后一行 state/);
+  assert.match(defaultDescription, /按名字使用/);
+  assert.equal(createCodeActionTool({ runtime: recording, description: "自定义说明" }).description, "自定义说明");
 
   const runtime = createJavaScriptKernel({ capabilities: csvCapability().capabilities });
   const registry = new ToolRegistry([createCodeActionTool({ runtime })]);
@@ -431,6 +489,8 @@ test("Lab 20.4 · code_action 先 execute 再 describe：details 带 state，文
   assert.ok(stateLine.startsWith("state: alive=true · variables=["), body);
   assert.ok(stateLine.includes("rows:array") && stateLine.includes("total:number"), stateLine);
   assert.ok(body.startsWith("ok\nvalue: 30\nstdout:\n算好了\n"), body);
+  // state 行之前正好三段：结果、value、stdout（只去掉输出末尾的换行，不多出空行）。
+  assert.equal(body.split("\n").slice(0, -1).join("\n"), "ok\nvalue: 30\nstdout:\n算好了");
 
   const failed = await executeToolCall(call("c3", "return rows.map((row) => row.missing.deeper)"), registry);
   assert.equal(failed.isError, true);
@@ -439,6 +499,24 @@ test("Lab 20.4 · code_action 先 execute 再 describe：details 带 state，文
   assert.ok(textOf(failed).startsWith("error: TypeError: "), textOf(failed));
   assert.ok(names(details(failed).state).includes("total"), "失败之后模型也看得到还剩哪些变量");
   assert.equal(details(failed).state.alive, true);
+
+  // 文本的其余规则：没有名字的错误只写消息；多行输出只去掉末尾那个换行；
+  // 超过 2 000 个字符的 value 与 stdout 在文本里截断并注明原长度（details 里是全文），正好 2 000 个字符的不动。
+  const quiet: RuntimeState = { alive: true, variables: [] };
+  assert.equal(
+    formatObservation({ ok: false, stdout: "一\n二\n", error: { message: "plain text" } }, quiet),
+    "error: plain text\nstdout:\n一\n二\nstate: alive=true · variables=[]",
+  );
+  // 失败却没有错误描述的结果：仍然是一行说了些什么的 error。
+  assert.match(formatObservation({ ok: false, stdout: "" }, quiet), /^error: \S.*\nstate: alive=true · variables=\[\]$/);
+  const edge = "e".repeat(2_000);
+  assert.equal(formatObservation({ ok: true, stdout: edge }, quiet), `ok\nstdout:\n${edge}\nstate: alive=true · variables=[]`);
+  const json = JSON.stringify("v".repeat(2_001));
+  const [, valueLine, stdoutHead, stdoutLine] = formatObservation({ ok: true, value: "v".repeat(2_001), stdout: `${edge}!` }, quiet).split("\n");
+  assert.ok(valueLine!.startsWith(`value: ${json.slice(0, 2_000)}`) && !valueLine!.includes(json.slice(0, 2_001)), valueLine);
+  assert.match(valueLine!, /2003/);
+  assert.equal(stdoutHead, "stdout:");
+  assert.ok(stdoutLine!.startsWith(edge) && !stdoutLine!.includes(`${edge}!`) && stdoutLine!.includes("2001"), stdoutLine);
 });
 
 test("Lab 20.4 · 经过循环与 ScriptedModel：第二轮照着上一轮 state 行里的 rows 直接复用，不再读文件", HANG_GUARD, async () => {
