@@ -649,6 +649,13 @@ test("Lab 17.5 · deferred 注册：模型直接调用被拒且服务器收不�
     { name: "docs", state: "connected", tools: names },
     { name: "broken", state: "failed", error: "MCP server selected unsupported protocol version 1999-01-01", tools: [] },
   ]);
+  assert.equal(
+    renderMcpServersSection(mcp.status()),
+    "MCP servers:\n- docs: connected, 3 tools (mcp__docs__search, mcp__docs__fail, mcp__docs__picture)\n" +
+      "- broken: failed: MCP server selected unsupported protocol version 1999-01-01, 0 tools",
+  );
+  // 没有给 clientInfo：握手用缺省的 pi-course/0.0.1。
+  assert.deepEqual(docs.servers[0]!.requests("initialize")[0]!.params!.clientInfo, { name: "pi-course", version: "0.0.1" });
   assert.deepEqual(names.map((name) => registry.exposureOf(name)), ["deferred", "deferred", "deferred"]);
   assert.deepEqual(registry.declared().map((item) => item.name), ["tool_search"]);
   assert.deepEqual(registry.callable().map((item) => item.name), names);
@@ -670,6 +677,7 @@ test("Lab 17.5 · deferred 注册：模型直接调用被拒且服务器收不�
   assert.deepEqual(registry.declared().map((item) => item.name), ["tool_search", "mcp__docs__search"]);
   const declared = registry.definitions().find((definition) => definition.name === "mcp__docs__search")!;
   assert.deepEqual(declared.parameters, { type: "object", properties: { q: { type: "string" } } });
+  assert.equal(declared.description, "Search the project docs");
   const direct = await executeToolCall(modelCall("c4", "mcp__docs__search", { q: "again" }), registry);
   assert.deepEqual(direct.content, [text('found {"q":"again"}')]);
 
@@ -678,18 +686,65 @@ test("Lab 17.5 · deferred 注册：模型直接调用被拒且服务器收不�
   assert.deepEqual(failed.content, [text("docs index is offline")]);
   const picture = await executeToolCall(modelCall("c6", "mcp__docs__picture", undefined), registry, {}, "script");
   assert.deepEqual(picture.content, [text("here:"), text('{"type":"image","data":"...","mimeType":"image/png"}')]);
-  assert.deepEqual(toModelContent({ content: [{ type: "image", data: "..." }] }), [text('{"type":"image","data":"..."}')]);
+  // 只有 type 为 text 的块按文本交出；别的块即使带着 text 字段，也整块写成 JSON。
+  assert.deepEqual(
+    toModelContent({ content: [{ type: "image", data: "..." }, { type: "note", text: "aside" }] }),
+    [text('{"type":"image","data":"..."}'), text('{"type":"note","text":"aside"}')],
+  );
   const notObject = await executeToolCall(modelCall("c7", "mcp__docs__search", "q=mcp"), registry, {}, "script");
   assert.equal(notObject.isError, true);
+  assert.match(notObject.content[0]!.text, /object/);
   assert.equal(docs.servers[0]!.requests("tools/call").length, 4);
+
+  // 服务器名重复：立即抛错，一台都不连。
+  const twin = fakeServer("docs", {
+    pages: [[tool("search"), { name: "plain", inputSchema: {} }]],
+    gate: (request) => request.method !== "tools/call",
+  });
+  assert.throws(() => createMcpRuntime(new ToolRegistry(), { servers: [twin.config, twin.config] }), /docs/);
+  assert.equal(twin.servers.length, 0);
+  // 同一个 registry 上再接一台 docs：mcp__docs__search 已被占用，换成带哈希的名字；缺 type 的 inputSchema 补成 object，
+  // 没有描述的工具得到一段提到服务器的描述；自带的 clientInfo 与 requestTimeoutMs 生效，调用带着 signal。
+  const again = createMcpRuntime(registry, { servers: [twin.config], clientInfo: CLIENT_INFO, requestTimeoutMs: 100 });
+  await until(() => again.status()[0]!.state !== "connecting", "第二台 docs 有结果");
+  const hashed = createMcpToolName("docs", "search", () => true);
+  assert.deepEqual(again.status(), [{ name: "docs", state: "connected", tools: [hashed, "mcp__docs__plain"] }]);
+  assert.deepEqual(twin.servers[0]!.requests("initialize")[0]!.params!.clientInfo, CLIENT_INFO);
+  const plain = registry.get("mcp__docs__plain")!;
+  assert.deepEqual(plain.schema.jsonSchema, { type: "object", properties: {} });
+  assert.match(plain.description, /plain.*docs/);
+  const timedOut = await executeToolCall(modelCall("c8", hashed, {}), registry, {}, "script");
+  assert.equal(timedOut.isError, true);
+  assert.match(timedOut.content[0]!.text, /timed out after 100 ms/);
+  const controller = new AbortController();
+  const aborting = executeToolCall(modelCall("c9", hashed, {}), registry, { signal: controller.signal }, "script");
+  await until(() => twin.servers[0]!.requests("tools/call").length === 2, "第二次调用送到服务器");
+  controller.abort("用户取消");
+  assert.equal((await aborting).isError, true);
+  assert.deepEqual(
+    twin.servers[0]!.notifications("notifications/cancelled").map((message) => (message as { params?: unknown }).params),
+    twin.servers[0]!.requests("tools/call").map((request, index) => ({ requestId: request.id, reason: ["Request timed out", "用户取消"][index] })),
+  );
+  // 第三台 docs：search 的带哈希名字也被占用了，整台服务器记为 failed，先算好的 mcp__docs__extra 也不注册。
+  const third = createMcpRuntime(registry, { servers: [fakeServer("docs", { pages: [[tool("extra"), tool("search")]] }).config] });
+  await until(() => third.status()[0]!.state !== "connecting", "第三台 docs 有结果");
+  const [conflict] = third.status();
+  assert.deepEqual([conflict!.state, conflict!.tools], ["failed", []]);
+  assert.ok(conflict!.error?.includes(hashed), conflict!.error);
+  assert.equal(registry.get("mcp__docs__extra"), undefined);
 
   await docs.sides[0]!.close();
   assert.deepEqual(mcp.status()[0], { name: "docs", state: "failed", error: "connection closed", tools: names });
-  const afterClose = await executeToolCall(modelCall("c8", "mcp__docs__search", { q: "mcp" }), registry, {}, "script");
+  // getClient 的错误说明服务器与它的状态（有错误时连同错误）。
+  const afterClose = await executeToolCall(modelCall("c10", "mcp__docs__search", { q: "mcp" }), registry, {}, "script");
   assert.equal(afterClose.isError, true);
+  assert.match(afterClose.content[0]!.text, /\bdocs\b.*\bfailed\b.*connection closed/);
 
-  await mcp.close();
+  await Promise.all([mcp.close(), again.close(), third.close()]);
   assert.deepEqual(mcp.status().map((status) => [status.state, Object.hasOwn(status, "error")]), [["closed", false], ["closed", false]]);
+  const afterShutdown = await executeToolCall(modelCall("c11", "mcp__docs__search", { q: "mcp" }), registry, {}, "script");
+  assert.match(afterShutdown.content[0]!.text, /\bdocs\b.*\bclosed\b/);
+  assert.doesNotMatch(afterShutdown.content[0]!.text, /undefined/);
 });
 
 const BASE = "BASE SYSTEM";
@@ -741,7 +796,7 @@ test("Lab 17.5 · Runtime：mcp_servers 段落只在变化时打补丁；只等 
   assert.equal(firstPatch.length, 1);
   assert.equal(firstPatch[0]!.content, BASE);
   assert.deepEqual(firstPatch[0]!.sections, {
-    [MCP_SERVERS_SECTION]: "MCP servers:\n- docs: connected, 1 tool (mcp__docs__search)\n- slow: connecting, 0 tools",
+    mcp_servers: "MCP servers:\n- docs: connected, 1 tool (mcp__docs__search)\n- slow: connecting, 0 tools",
   });
   assert.equal(model.requests[0]!.tools?.length ?? 0, 0);
 
@@ -777,6 +832,26 @@ test("Lab 17.5 · Runtime：mcp_servers 段落只在变化时打补丁；只等 
   const none = createMcpRuntime(new ToolRegistry(), { servers: [stuck.config] });
   await none.waitForDirectServers();
 
+  // 运行时已关闭就停：tools/list 的应答刚送达、注册还没开始时 close()，之后不再注册任何工具，状态保持 closed。
+  const lateList: JsonRpcRequest[] = [];
+  const late = fakeServer("late", {
+    gate: (request) => {
+      if (request.method !== "tools/list") return true;
+      lateList.push(request);
+      return false;
+    },
+  });
+  const lateRegistry = new ToolRegistry();
+  const lateRuntime = createMcpRuntime(lateRegistry, { servers: [late.config] });
+  await until(() => lateList.length === 1, "late 的 tools/list 送到服务器");
+  late.servers[0]!.answer(lateList[0]!);
+  // 内存传输在下一个微任务送达应答：这里让出一次，客户端的 listTools 拿到结果，注册排在更后面的微任务里。
+  await Promise.resolve();
+  await lateRuntime.close();
+  await settle();
+  assert.deepEqual(lateRuntime.status(), [{ name: "late", state: "closed", tools: [] }]);
+  assert.equal(lateRegistry.get("mcp__late__search"), undefined);
+
   // provider 的段落并在第 13 章的期望段落（资源）之上：资源段落仍在，后面的 provider 覆盖前面的同名段落。
   const rules = { kind: "instructions" as const, name: "AGENTS", source: "/virtual/AGENTS.md", root: "/virtual", body: "RULE" };
   const withResources = await createRuntime(
@@ -796,4 +871,14 @@ test("Lab 17.5 · Runtime：mcp_servers 段落只在变化时打补丁；只等 
 
   await runtime.dispose();
   await Promise.all([mcp.close(), other.close(), none.close()]);
+  // close() 关掉每个客户端（服务器那一端随之关闭）；还在握手的服务器也记为 closed，不带错误。
+  await settle();
+  assert.deepEqual([...other.status(), ...none.status()].map((status) => [status.name, status.state, Object.hasOwn(status, "error")]), [
+    ["stuck", "closed", false],
+    ["quick", "closed", false],
+    ["stuck", "closed", false],
+  ]);
+  for (const side of [...slow.sides, ...quick.sides, ...stuck.sides]) {
+    await assert.rejects(side.send({ jsonrpc: "2.0", method: "notifications/ping" }), McpConnectionClosedError);
+  }
 });
