@@ -6,7 +6,7 @@
 // 进程死在那一刻与“那之后什么都不再发生”对存储来说是一回事。真的 SIGKILL 在 test/task-crash.test.ts 里。
 
 import assert from "node:assert/strict";
-import { mkdtemp, readFile, rm, stat, writeFile, appendFile } from "node:fs/promises";
+import { mkdtemp, open, readFile, rm, stat, writeFile, appendFile } from "node:fs/promises";
 import { createHash } from "node:crypto";
 import os from "node:os";
 import path from "node:path";
@@ -27,7 +27,7 @@ import {
   type TaskSnapshot,
   type TaskState,
 } from "../src/task-runtime/task-state.js";
-import { TaskStore, TaskStoreCorrupt, TaskStoreRejected } from "../src/task-runtime/task-store.js";
+import { TaskStore, TaskStoreCorrupt, TaskStoreRejected, formatRecovery, type TaskBatch } from "../src/task-runtime/task-store.js";
 import { TaskRuntime, idempotencyKey, type TaskRuntimeEvent, type TaskToolContext } from "../src/task-runtime/task-runner.js";
 
 // ---------------------------------------------------------------------------
@@ -118,6 +118,49 @@ function lines(content: string): string[] {
   return content.split("\n").filter((line) => line !== "");
 }
 
+/**
+ * 记下进程里每个 FileHandle 的 write 与 sync（它们共用一个原型），也能让下一次 write 失败——
+ * 存储答应的“写进文件、sync 返回之后才确认”只有这样才看得见。测试结束时 restore。
+ */
+async function spyOnFileHandles(): Promise<{ calls: string[]; failNextWrite(error: Error): void; restore(): void }> {
+  const probe = await open(os.devNull, "r");
+  const proto = Object.getPrototypeOf(probe) as { write(...args: unknown[]): Promise<unknown>; sync(): Promise<void> };
+  await probe.close();
+  const { write, sync } = proto;
+  const calls: string[] = [];
+  let failure: Error | undefined;
+  proto.write = function (this: unknown, ...args: unknown[]) {
+    calls.push("write");
+    if (failure === undefined) return write.apply(this, args);
+    const error = failure;
+    failure = undefined;
+    return Promise.reject(error);
+  };
+  proto.sync = function (this: unknown) {
+    calls.push("sync");
+    return sync.apply(this);
+  };
+  return {
+    calls,
+    failNextWrite(error) {
+      failure = error;
+    },
+    restore() {
+      proto.write = write;
+      proto.sync = sync;
+    },
+  };
+}
+
+/** 存储的拒绝：TaskStoreRejected，带一句原因；给了 taskId 时原因要说出是哪个任务。 */
+function storeRejection(taskId?: string): (error: unknown) => boolean {
+  return (error) =>
+    error instanceof TaskStoreRejected &&
+    error.name === "TaskStoreRejected" &&
+    /\S/.test(error.message) &&
+    (taskId === undefined || new RegExp(`(?<![\\w-])${taskId}(?![\\w-])`).test(error.message));
+}
+
 function snapshotOf(taskId: string, state: TaskState, version = 1): TaskSnapshot {
   const created = createTask({ taskId, input: "原始问题" }, 100).snapshot;
   return { ...created, state, version };
@@ -205,10 +248,13 @@ test("Lab 21.1 · 非法迁移在产生任何东西之前抛出 InvalidTransitio
 // Lab 21.2 · 原子批次与残缺的尾巴
 // ---------------------------------------------------------------------------
 
-test("Lab 21.2 · 一批一行：状态、事件与快照写在同一行里并带 sha256 校验和；确认之前不可见，重新打开读回同样的内容", HANG_GUARD, async () => {
+test("Lab 21.2 · 一批一行：状态、事件与快照写在同一行里并带 sha256 校验和；确认之前不可见，重新打开读回同样的内容", HANG_GUARD, async (t) => {
   await withDir(async (dir) => {
     const file = path.join(dir, "tasks.log");
+    const spy = await spyOnFileHandles();
+    t.after(() => spy.restore());
     const store = await TaskStore.open(file);
+    assert.deepEqual(spy.calls.splice(0), ["sync"], "新建文件时 sync 一次所在目录，文件名才算落盘");
     assert.equal(store.seq, 0);
     assert.deepEqual(store.recovery, { file, batches: 0, tasks: 0, unfinished: 0, tornTail: null, truncated: false });
 
@@ -217,6 +263,7 @@ test("Lab 21.2 · 一批一行：状态、事件与快照写在同一行里并�
     assert.equal(store.latest("a"), undefined, "commit 兑现之前，谁都看不见这一批");
     assert.equal(store.seq, 0);
     assert.equal(await pending, 1);
+    assert.deepEqual(spy.calls.splice(0), ["write", "sync"], "这一行写进文件、sync 之后才兑现");
     assert.equal(store.latest("a")?.version, 1);
 
     const started = transition(created.snapshot, "running", "started", null, 11);
@@ -242,7 +289,9 @@ test("Lab 21.2 · 一批一行：状态、事件与快照写在同一行里并�
       assert.equal(parsed.events.length, 1, "状态、事件与快照同在一行");
     });
 
+    spy.calls.length = 0;
     const reopened = await TaskStore.open(file);
+    assert.deepEqual(spy.calls, [], "打开已有的、完好的文件什么都不写");
     assert.equal(reopened.seq, 3);
     assert.deepEqual(reopened.latest("a"), waiting.snapshot);
     assert.deepEqual(reopened.events("a").map((event) => `${event.from}→${event.to}:${event.event}`), [
@@ -252,12 +301,29 @@ test("Lab 21.2 · 一批一行：状态、事件与快照写在同一行里并�
     ]);
     assert.equal(reopened.recovery.tornTail, null);
     assert.equal(reopened.recovery.unfinished, 1);
+
+    // 写盘失败：这一批从未可见，排在它后面的一组也被拒绝；之后存储一律拒绝提交（哪怕磁盘已经好了），文件一个字节不变。
+    const size = (await stat(file)).size;
+    const paused = transition(waiting.snapshot, "paused", "paused", null, 13);
+    const other = createTask({ taskId: "b", input: "第二个" }, 13);
+    spy.failNextWrite(new Error("磁盘满了"));
+    const failed = reopened.commit({ snapshot: paused.snapshot, events: [paused.event] });
+    const behind = reopened.commit({ snapshot: other.snapshot, events: [other.event] });
+    await assert.rejects(failed, storeRejection());
+    await assert.rejects(behind, TaskStoreRejected);
+    assert.equal(reopened.latest("a")?.state, "waiting_tool", "写失败的批次从未可见");
+    assert.equal(reopened.latest("b"), undefined);
+    await assert.rejects(reopened.commit({ snapshot: other.snapshot, events: [other.event] }), TaskStoreRejected);
+    assert.equal(reopened.seq, 3);
     await reopened.close();
+    assert.equal((await stat(file)).size, size);
   });
 });
 
-test("Lab 21.2 · 残缺的尾巴：写到一半的最后一行被忽略、截掉并报告位置；坏行后面还有好行时拒绝打开", HANG_GUARD, async () => {
+test("Lab 21.2 · 残缺的尾巴：写到一半的最后一行被忽略、截掉并报告位置；坏行后面还有好行时拒绝打开", HANG_GUARD, async (t) => {
   await withDir(async (dir) => {
+    const spy = await spyOnFileHandles();
+    t.after(() => spy.restore());
     const file = path.join(dir, "tasks.log");
     const store = await TaskStore.open(file);
     const created = createTask({ taskId: "a", input: "残缺" }, 10);
@@ -270,18 +336,25 @@ test("Lab 21.2 · 残缺的尾巴：写到一半的最后一行被忽略、截�
     // 第三行只写了一半：没有换行。
     const full = lines(await readFile(file, "utf8"))[1]!;
     await appendFile(file, full.slice(0, 40));
+    spy.calls.length = 0;
     const first = await TaskStore.open(file);
+    assert.deepEqual(spy.calls, ["sync"], "截掉尾巴之后 sync 一次");
     assert.equal(first.seq, 2);
     assert.equal(first.latest("a")?.state, "running");
     assert.deepEqual(first.recovery.tornTail, { line: 3, offset: good, bytes: 40, reason: "最后一行没有换行（写到一半）" });
     assert.equal(first.recovery.truncated, true);
     assert.equal((await stat(file)).size, good, "残缺的尾巴被截掉，下一行从干净的位置开始");
+    assert.equal(
+      formatRecovery(first.recovery),
+      `任务存储 tasks.log：2 批完好，1 个任务，1 个未结束；忽略第 3 行起（偏移 ${good}）40 字节的残缺尾巴：最后一行没有换行（写到一半），已截掉`,
+    );
     const paused = transition(started.snapshot, "paused", "paused", null, 12);
     assert.equal(await first.commit({ snapshot: paused.snapshot, events: [paused.event] }), 3);
     await first.close();
     const second = await TaskStore.open(file);
     assert.equal(second.recovery.tornTail, null);
     assert.equal(second.latest("a")?.state, "paused");
+    assert.equal(formatRecovery(second.recovery), "任务存储 tasks.log：3 批完好，1 个任务，1 个未结束");
     await second.close();
 
     // 最后一行完整但校验和不符：同样是残缺的尾巴。
@@ -294,18 +367,55 @@ test("Lab 21.2 · 残缺的尾巴：写到一半的最后一行被忽略、截�
     assert.equal(third.recovery.tornTail?.line, 3);
     assert.equal(third.recovery.tornTail?.reason, "校验和不符");
     assert.equal(third.recovery.truncated, false, "只读打开不改文件");
-    await assert.rejects(third.commit({ snapshot: paused.snapshot, events: [paused.event] }), TaskStoreRejected);
+    assert.match(formatRecovery(third.recovery), /忽略第 3 行起.*只读打开，未截$/);
+    await assert.rejects(third.commit({ snapshot: paused.snapshot, events: [paused.event] }), storeRejection());
     await third.close();
 
     // 坏的是中间一行：后面还有完好的记录，这不是崩溃留下的尾巴。
     const middle = rows[1]!.replace('"running"', '"RUNNING"');
     await writeFile(file, `${rows[0]}\n${middle}\n${rows[2]}\n`);
-    await assert.rejects(TaskStore.open(file), (error: unknown) => error instanceof TaskStoreCorrupt && error.line === 2);
+    await assert.rejects(
+      TaskStore.open(file),
+      (error: unknown) => error instanceof TaskStoreCorrupt && error.line === 2 && error.name === "TaskStoreCorrupt" && /\S/.test(error.message),
+    );
+
+    // 别的几种残缺的最后一行：格式不对、JSON 坏了、序号不对、缺 snapshot 或 events。都只算尾巴，原因各说各的。
+    const sealed = (body: string): string => `${createHash("sha256").update(body, "utf8").digest("hex")} ${body}`;
+    const third3 = JSON.parse(rows[2]!.slice(65)) as { seq: number; snapshot: TaskSnapshot; events: unknown[] };
+    const tails: [string, string][] = [
+      ["格式", `#${rows[2]}`],
+      ["JSON", sealed('{"seq":3,"snapshot":')],
+      ["序号", sealed(JSON.stringify({ ...third3, seq: 4 }))],
+      ["形状", sealed(JSON.stringify({ seq: 3, events: [] }))],
+      ["形状", sealed(JSON.stringify({ seq: 3, snapshot: third3.snapshot }))],
+      ["序号", sealed("null")],
+    ];
+    const reasons = new Map<string, string>();
+    for (const [kind, tail] of tails) {
+      await writeFile(file, `${rows[0]}\n${rows[1]}\n${tail}\n`);
+      const peek = await TaskStore.open(file, { readOnly: true });
+      assert.deepEqual([peek.seq, peek.recovery.tornTail?.line], [2, 3], kind);
+      const reason = peek.recovery.tornTail!.reason;
+      assert.match(reason, /\S/);
+      if (!reasons.has(kind)) reasons.set(kind, reason);
+      await peek.close();
+    }
+    assert.equal(new Set(reasons.values()).size, 4, "格式、JSON、序号、形状四种原因各不相同");
+    // 残缺的尾巴可以有好几行：后面没有一行完好的记录，就都属于尾巴。
+    const tail = [`#${rows[2]}`, "garbage", `#${rows[2]}`, flipped].join("\n");
+    await writeFile(file, `${rows[0]}\n${rows[1]}\n${tail}\n`);
+    const several = await TaskStore.open(file, { readOnly: true });
+    assert.deepEqual(several.recovery.tornTail, {
+      line: 3, offset: good, bytes: Buffer.byteLength(`${tail}\n`), reason: reasons.get("格式"),
+    });
+    await several.close();
   });
 });
 
-test("Lab 21.2 · 提交前整批检查：版本不连续、事件接不上迁移表、不是 JSON 的值都被拒绝且什么都不写；并发提交按序号排成一行一批", HANG_GUARD, async () => {
+test("Lab 21.2 · 提交前整批检查：版本不连续、事件接不上迁移表、不是 JSON 的值都被拒绝且什么都不写；并发提交按序号排成一行一批", HANG_GUARD, async (t) => {
   await withDir(async (dir) => {
+    const spy = await spyOnFileHandles();
+    t.after(() => spy.restore());
     const file = path.join(dir, "tasks.log");
     const store = await TaskStore.open(file);
     const a = createTask({ taskId: "a", input: "一" }, 10);
@@ -313,30 +423,108 @@ test("Lab 21.2 · 提交前整批检查：版本不连续、事件接不上迁�
     const size = (await stat(file)).size;
 
     const started = transition(a.snapshot, "running", "started", null, 11);
-    const rejects: [string, Promise<number>][] = [
-      ["版本跳号", store.commit({ snapshot: { ...started.snapshot, version: 5 }, events: [started.event] })],
-      ["重复版本", store.commit({ snapshot: { ...started.snapshot, version: 1 }, events: [started.event] })],
-      ["事件不在迁移表里", store.commit({ snapshot: { ...started.snapshot, state: "completed" }, events: [{ ...started.event, to: "completed" }] })],
-      ["事件链的终点与快照不符", store.commit({ snapshot: { ...started.snapshot, state: "paused" }, events: [started.event] })],
-      ["别的任务的事件", store.commit({ snapshot: started.snapshot, events: [{ ...started.event, taskId: "b" }] })],
+    // 一个照 created 的样子拼出来的新任务批次（只改想改的那一处）。
+    const fresh1 = (taskId: string, event: Partial<TaskBatch["events"][number]>, state: TaskState = "pending"): TaskBatch => {
+      const task = createTask({ taskId: "n", input: "新" }, 1);
+      return { snapshot: { ...task.snapshot, taskId, state }, events: [{ ...task.event, taskId, ...event }] };
+    };
+    const withContext = (extra: unknown): TaskBatch => ({
+      snapshot: { ...started.snapshot, context: { ...started.snapshot.context, extra } as TaskSnapshot["context"] },
+      events: [started.event],
+    });
+    const loop: Record<string, unknown> = {};
+    loop.self = loop;
+    class Steps extends Array<number> {}
+    const poke = { ...started.event, from: "pending" as const, to: "pending" as const, event: "poke" };
+    const odd = <T>(value: unknown): T => value as T;
+    // [说明, 提交, 原因里要提到的任务]
+    const rejects: [string, Promise<number>, string?][] = [
+      ["版本跳号", store.commit({ snapshot: { ...started.snapshot, version: 5 }, events: [started.event] }), "a"],
+      ["重复版本", store.commit({ snapshot: { ...started.snapshot, version: 1 }, events: [started.event] }), "a"],
+      ["事件不在迁移表里", store.commit({ snapshot: { ...started.snapshot, state: "completed" }, events: [{ ...started.event, to: "completed" }] }), "a"],
+      ["事件链的终点与快照不符", store.commit({ snapshot: { ...started.snapshot, state: "paused" }, events: [started.event] }), "a"],
+      ["别的任务的事件", store.commit({ snapshot: started.snapshot, events: [{ ...started.event, taskId: "b" }] }), "a"],
       ["不是 JSON 的值", store.commit({ snapshot: { ...started.snapshot, priority: Number.NaN }, events: [started.event] })],
-      ["新任务没有 created", store.commit({ snapshot: createTask({ taskId: "c", input: "三" }, 1).snapshot, events: [] })],
+      ["新任务没有 created", store.commit({ snapshot: createTask({ taskId: "c", input: "三" }, 1).snapshot, events: [] }), "c"],
+      // 形状：批次、快照、事件缺了或不是该有的类型。
+      ["没有批次", store.commit(odd(undefined))],
+      ["没有 snapshot", store.commit(odd({ events: [] }))],
+      ["snapshot 是 null", store.commit(odd({ snapshot: null, events: [] }))],
+      ["events 不是数组", store.commit(odd({ snapshot: started.snapshot, events: {} }))],
+      ["没有 events", store.commit(odd({ snapshot: started.snapshot }))],
+      ["taskId 为空", store.commit(fresh1("", {}))],
+      ["taskId 不是字符串", store.commit(odd(fresh1(odd(42), {})))],
+      ["状态不认识", store.commit({ snapshot: { ...started.snapshot, state: odd("sleeping") }, events: [started.event] }), "a"],
+      ["priority 不是数字", store.commit({ snapshot: { ...started.snapshot, priority: odd("1") }, events: [started.event] }), "a"],
+      ["checkpointAt 不是数字", store.commit({ snapshot: { ...started.snapshot, checkpointAt: odd("x") }, events: [started.event] }), "a"],
+      ["context 是 null", store.commit({ snapshot: { ...started.snapshot, context: odd(null) }, events: [started.event] }), "a"],
+      ["context 不是对象", store.commit({ snapshot: { ...started.snapshot, context: odd("文本") }, events: [started.event] }), "a"],
+      ["事件是 null", store.commit({ snapshot: started.snapshot, events: [odd(null)] }), "a"],
+      ["事件名不是字符串", store.commit({ snapshot: started.snapshot, events: [{ ...started.event, event: odd(5) }] }), "a"],
+      ["事件时间不是数字", store.commit({ snapshot: started.snapshot, events: [{ ...started.event, at: odd("x") }] }), "a"],
+      // 事件链：created 只能是新任务的第一条 pending → pending；之后每一条都从当前状态出发、在迁移表里。
+      ["原地踏步的事件", store.commit({ snapshot: { ...started.snapshot, state: "pending" }, events: [poke] }), "a"],
+      ["第二条 created", store.commit({ snapshot: { ...started.snapshot, state: "pending" }, events: [{ ...poke, event: "created" }] }), "a"],
+      ["新任务的第一条不叫 created", store.commit(fresh1("n1", { event: "poke" })), "n1"],
+      ["created 不从 pending 出发", store.commit(fresh1("n2", { from: "running" })), "n2"],
+      ["created 不停在 pending", store.commit(fresh1("n3", { to: "running" }, "running")), "n3"],
+      ["事件不从当前状态出发", store.commit({ snapshot: { ...started.snapshot, state: "completed" }, events: [{ ...started.event, from: "running", to: "completed" }] }), "a"],
+      // JSON：函数、循环引用、类的实例、数组的子类、数组里的 undefined 都不是 JSON。
+      ["函数", store.commit(withContext(() => 1))],
+      ["循环引用", store.commit(withContext(loop))],
+      ["Date", store.commit(withContext(new Date(0)))],
+      ["数组的子类", store.commit(withContext(Steps.of(1)))],
+      ["数组里的 undefined", store.commit(withContext([1, undefined]))],
     ];
-    for (const [label, promise] of rejects) await assert.rejects(promise, TaskStoreRejected, label);
+    for (const [label, promise, taskId] of rejects) await assert.rejects(promise, storeRejection(taskId), label);
     assert.equal(store.seq, 1);
     assert.equal((await stat(file)).size, size, "被拒绝的批次一个字节都没写");
     assert.equal(store.latest("a")?.version, 1);
 
-    // 五个任务同时提交：序号连续，每批一行，谁也不丢。
+    // 五个任务同时提交：序号连续，每批一行，谁也不丢；攒在队列里的几批一次写、一次 sync（group commit）。
     const fresh = ["b", "c", "d", "e", "f"].map((id, index) => createTask({ taskId: id, input: id, priority: index }, 20 + index));
+    spy.calls.length = 0;
     const seqs = await Promise.all(fresh.map((task) => store.commit({ snapshot: task.snapshot, events: [task.event] })));
     assert.deepEqual(seqs, [2, 3, 4, 5, 6]);
+    const syncs = spy.calls.filter((name) => name === "sync").length;
+    assert.ok(syncs >= 1 && syncs < 5, `五批并发提交应少于五次 sync，实际 ${syncs} 次`);
     assert.equal(await store.commit({ snapshot: started.snapshot, events: [started.event] }), 7, "拒绝过的任务照常接着提交");
+    await store.close();
+    const late = createTask({ taskId: "g", input: "关闭之后" }, 30);
+    await assert.rejects(store.commit({ snapshot: late.snapshot, events: [late.event] }), storeRejection(), "关闭之后一律拒绝");
     await store.close();
     assert.equal(lines(await readFile(file, "utf8")).length, 7);
     const reopened = await TaskStore.open(file);
     assert.deepEqual(reopened.unfinished().map((snapshot) => snapshot.taskId), ["f", "e", "d", "c", "a", "b"], "priority 大的在前，相同时先提交的在前");
+    assert.deepEqual(reopened.tasks().map((snapshot) => snapshot.taskId), ["a", "b", "c", "d", "e", "f"], "tasks() 按第一次提交的顺序");
+    assert.deepEqual(reopened.events("nobody"), []);
+    // 这些是 JSON：值为 undefined 的键被省略，没有原型的对象按普通对象复制，同一个对象出现两次不是循环。
+    const shared = { x: 1 };
+    const bare = Object.assign(Object.create(null) as Record<string, unknown>, { y: 2 });
+    const checkpointed = reopened.latest("a")!;
+    const kept = await reopened.commit({
+      snapshot: {
+        ...checkpointed,
+        version: checkpointed.version + 1,
+        context: { ...checkpointed.context, extra: { keep: 1, drop: undefined, bare, twice: [shared, shared] } } as TaskSnapshot["context"],
+      },
+      events: [],
+    });
+    assert.equal(kept, 8);
+    assert.deepEqual((reopened.latest("a")!.context as unknown as { extra: unknown }).extra, { keep: 1, bare: { y: 2 }, twice: [{ x: 1 }, { x: 1 }] });
     await reopened.close();
+
+    // fsync: false：不 sync 文件，也不 sync 目录；截掉残缺尾巴时同样不 sync。
+    const loose = path.join(dir, "loose.log");
+    spy.calls.length = 0;
+    const unsynced = await TaskStore.open(loose, { fsync: false });
+    await unsynced.commit({ snapshot: a.snapshot, events: [a.event] });
+    await unsynced.close();
+    await appendFile(loose, "半");
+    const unsyncedAgain = await TaskStore.open(loose, { fsync: false });
+    assert.equal(unsyncedAgain.recovery.truncated, true);
+    await unsyncedAgain.close();
+    assert.deepEqual(spy.calls, ["write"], "fsync: false 只写，不 sync");
   });
 });
 
