@@ -587,6 +587,80 @@ test("Lab 21.3 · 运行时掌握步骤循环：每次模型调用、每次工�
     assert.notEqual(idempotencyKey("order-1", 2), idempotencyKey("order-2", 2));
     assert.notEqual(idempotencyKey("order-1", 2), idempotencyKey("order-1", 3));
     assert.throws(() => idempotencyKey("order-1", 0));
+
+    // 钩子是后续章节的接口，核心循环不用改。同一个存储上另一个运行时：system 提示（只在请求里，不进快照）、注入的 sleep；
+    // 第一个钩子只会抛错（观察者的错误不影响运行），第二个改写请求、决定重试、把关工具。
+    const sleeps: number[] = [];
+    const prepared: number[] = [];
+    const gated: string[] = [];
+    const long = "葡萄".repeat(150);
+    const hookedModel = new ScriptedModel([
+      { stopReason: "error", errorMessage: "上游 503" },
+      reply([call("c4", long), call("c5", "西瓜")], "toolUse", 12),
+      reply([text("葡萄"), text("记下了")], "stop", 3),
+    ]);
+    const hooked = new TaskRuntime({
+      store,
+      model: hookedModel,
+      tools: [tool],
+      clock: () => 9_000,
+      sleep: async (ms) => {
+        sleeps.push(ms);
+      },
+      systemPrompt: "只记水果",
+      hooks: [
+        {
+          onEvent: () => {
+            throw new Error("观察者坏了");
+          },
+        },
+        {
+          prepareRequest(request, snapshot) {
+            prepared.push(snapshot.context.currentStep);
+            const note = { role: "system" as const, content: `第 ${snapshot.context.currentStep} 步`, timestamp: 0 };
+            return { messages: [...request.messages, note], tools: request.tools };
+          },
+          onModelFailure: (_reply, snapshot) => (snapshot.context.retry === undefined ? { retry: true, delayMs: 500, failureClass: "transient" } : undefined),
+          gateTool(asked) {
+            gated.push(asked.id);
+            return asked.id === "c5" ? { allow: false, message: "西瓜不记" } : { allow: true };
+          },
+        },
+      ],
+    });
+    await hooked.submit({ id: "order-2", input: "记两样", type: "ledger", priority: 3, tokenBudget: 100 });
+    const retried = await hooked.run("order-2");
+    assert.equal(retried.state, "completed");
+    assert.equal(retried.context.outcome, "葡萄记下了", "结果是最后一次回复的全部文字");
+    assert.deepEqual([retried.context.type, retried.priority, retried.context.tokenBudget, retried.context.tokensUsed], ["ledger", 3, 100, 15]);
+    assert.deepEqual(sleeps, [500], "重试之前等到 notBefore");
+    assert.deepEqual(prepared, [1, 2, 5], "每次请求之前都经过 prepareRequest");
+    assert.deepEqual(gated, ["c4", "c5"], "每个调用执行之前都先过闸门");
+    const firstRequest = hookedModel.requests[0]!.messages;
+    assert.deepEqual([firstRequest[0], firstRequest.at(-1)], [
+      { role: "system", content: "只记水果", timestamp: 0 },
+      { role: "system", content: "第 1 步", timestamp: 0 },
+    ]);
+    assert.deepEqual(hookedModel.requests.map((request) => request.tools?.map((definition) => definition.name)), [["ledger"], ["ledger"], ["ledger"]]);
+    assert.deepEqual(
+      retried.context.messages.map((message) => (message.role === "toolResult" ? `result:${message.toolCallId}:${message.isError}` : message.role)),
+      ["user", "assistant", "result:c4:false", "result:c5:true", "assistant"],
+      "system 提示与钩子改写的请求都不进快照；失败后重试的那次回复也不进对话；拒绝是一条配对的错误结果",
+    );
+    const deniedResult = retried.context.messages.find((message) => message.role === "toolResult" && message.toolCallId === "c5");
+    assert.match(deniedResult?.role === "toolResult" ? deniedResult.content.map((block) => block.text).join("") : "", /西瓜不记/);
+    assert.deepEqual([...book.entries()].slice(3), [["order-2#3", long]], "被拒绝的调用没有副作用");
+    assert.deepEqual(
+      retried.context.steps.map((step) => (step.type === "model_call" ? `model:${step.stopReason}:${step.tokens}` : `tool:${step.callId}:${step.idempotencyKey}:${step.isError}`)),
+      ["model:error:0", "model:toolUse:12", "tool:c4:order-2#3:false", "tool:c5:order-2#4:true", "model:stop:3"],
+    );
+    // 工具步骤里的 result 是结果正文的前 200 个字符。
+    const previews = retried.context.steps.flatMap((step) => (step.type === "tool_call" ? [step.result] : []));
+    assert.ok(previews[0]!.length >= 199 && previews[0]!.length <= 200 && `记下 ${long}`.startsWith(previews[0]!.slice(0, 199)), "长结果只留前 200 个字符");
+    assert.match(previews[1]!, /西瓜不记/);
+    assert.deepEqual(done.context.steps.flatMap((step) => (step.type === "tool_call" ? [step.result] : [])), ["记下 苹果", "记下 梨", "记下 桃"]);
+    assert.equal(retried.context.retry, undefined, "成功的回复之后 retry 清掉");
+    assert.deepEqual(store.events("order-2").map((event) => event.to), ["pending", "running", "waiting_tool", "running", "completed"]);
     await store.close();
   });
 });
@@ -644,6 +718,14 @@ test("Lab 21.3 · 恢复：新进程打开同一个文件，未结束的任务�
     assert.equal(second.latest("held")?.state, "paused");
     assert.equal(second.latest("held")?.version, heldVersion, "paused 的任务一动不动");
     assert.equal(second.latest("done")?.version, doneVersion, "终态的任务一动不动");
+    // paused 的任务要显式处理：取消是一次迁移（带上原因）；之后 run 直接交回终态的快照。重名的任务提交不进去。
+    await assert.rejects(runtime.submit({ id: "held", input: "重名" }), /held/);
+    const cancelled = await runtime.cancel("held", "用户撤回");
+    assert.deepEqual([cancelled.state, second.latest("held")?.version], ["cancelled", heldVersion + 1]);
+    assert.deepEqual(second.events("held").at(-1), { taskId: "held", from: "paused", to: "cancelled", event: "cancelled", payload: { reason: "用户撤回" }, at: cancelled.checkpointAt });
+    assert.deepEqual(await runtime.run("held"), second.latest("held"));
+    assert.deepEqual(runtime.snapshot("held"), second.latest("held"));
+    assert.equal(runtime.store, second);
     await second.close();
   });
 });
