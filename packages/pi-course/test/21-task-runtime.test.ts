@@ -587,6 +587,10 @@ test("Lab 21.3 · 运行时掌握步骤循环：每次模型调用、每次工�
     assert.notEqual(idempotencyKey("order-1", 2), idempotencyKey("order-2", 2));
     assert.notEqual(idempotencyKey("order-1", 2), idempotencyKey("order-1", 3));
     assert.throws(() => idempotencyKey("order-1", 0));
+    assert.equal(idempotencyKey("order-1", 1), "order-1#1", "1 是第一个合法的步骤号");
+    assert.throws(() => idempotencyKey("order-1", 1.5));
+    assert.throws(() => idempotencyKey("", 2), "任务 id 不能为空");
+    assert.throws(() => idempotencyKey(42 as unknown as string, 2), "任务 id 必须是字符串");
 
     // 钩子是后续章节的接口，核心循环不用改。同一个存储上另一个运行时：system 提示（只在请求里，不进快照）、注入的 sleep；
     // 第一个钩子只会抛错（观察者的错误不影响运行），第二个改写请求、决定重试、把关工具。
