@@ -25,7 +25,7 @@ import {
   WORKING_MEMORY_SECTION,
   WorkingMemory,
 } from "../src/orchestration/memory.js";
-import { computeMetrics, formatMetricsTable, percentile } from "../src/orchestration/metrics.js";
+import { computeMetrics, formatMetricsTable, needsHuman, percentile } from "../src/orchestration/metrics.js";
 import { MAX_PLAN_STEPS, PlanExecuteExecutor } from "../src/orchestration/plan-execute.js";
 import {
   type ExecutionStep,
@@ -1525,11 +1525,33 @@ test("Lab 23.4 · 重放：失败任务的日志写成 ScriptedModel 脚本与�
   }
 });
 
+/**
+ * 指标表的版式：每行四个非空的格子（格子之间至少两个空格），各列在同一个显示列上对齐（中文与全角标点占两列），
+ * 行尾没有空格；rows 是表头之外的行数。交回每行的格子。
+ */
+function assertAlignedTable(table: string, rows: number): string[][] {
+  const columns = (part: string): number => [...part].reduce((sum, ch) => sum + (/[\u3000-\u9fff\uff00-\uffef]/.test(ch) ? 2 : 1), 0);
+  const lines = table.split("\n");
+  assert.equal(lines.length, rows + 1, table);
+  const parsed = lines.map((line) => {
+    assert.ok(!/\s$/.test(line), `行尾有空格：${JSON.stringify(line)}`);
+    const cells = [...line.matchAll(/\S+(?: \S+)*/g)];
+    assert.equal(cells.length, 4, `每行四个格子：${JSON.stringify(line)}`);
+    return { cells: cells.map((cell) => cell[0]), starts: cells.map((cell) => columns(line.slice(0, cell.index))) };
+  });
+  for (const row of parsed) assert.deepEqual(row.starts, parsed[0]!.starts, `各列对齐：\n${table}`);
+  return parsed.map((row) => row.cells);
+}
+
 test("Lab 23.4 · 指标：成功率、按类型的平均成本、P95 端到端时延（最近秩）与人工介入率都从日志算出，表格稳定", HANG_GUARD, async () => {
   assert.equal(percentile([5], 0.95), 5);
   assert.equal(percentile([], 0.95), null);
   assert.equal(percentile(Array.from({ length: 20 }, (_, index) => 20 - index), 0.95), 19, "⌈0.95 × 20⌉ = 第 19 个");
   assert.equal(percentile(Array.from({ length: 21 }, (_, index) => index + 1), 0.95), 20, "⌈0.95 × 21⌉ = 第 20 个");
+  const unsorted = [3, 1, 2];
+  assert.equal(percentile(unsorted, 1), 3, "p = 1 是最大的那个");
+  assert.deepEqual(unsorted, [3, 1, 2], "percentile 不改动输入");
+  for (const p of [0, 1.5, Number.NaN]) assert.throws(() => percentile([1], p), RangeError, `p = ${p} 不在 (0, 1] 里`);
 
   const dir = await tempDir();
   const store = await TaskStore.open(path.join(dir, "tasks.log"), { fsync: false });
@@ -1575,6 +1597,49 @@ test("Lab 23.4 · 指标：成功率、按类型的平均成本、P95 端到端�
     assert.match(table, /端到端时延 P95\s+3000 ms（7 个样本）/);
     assert.match(table, /人工介入率\s+14\.3 %（1\/7）\s+≤ 3\.0 %\s+越线/);
     assert.equal(formatMetricsTable(computeMetrics(records, { isHumanIntervention: (record) => record.snapshot.context.input.startsWith("human") })), table, "同一份日志，同一张表");
+    assert.match(table, new RegExp(`平均成本 · query\\s+\\$${((3 * one) / 4).toFixed(6)}（825 tokens，4 个）`));
+    assertAlignedTable(table, 5);
+
+    // 默认的“需要人”判定：needs_human 事件，或者 payload 带 human: true；别的 payload（null、数组、human 不是 true）都不算。
+    const base = records[0]!;
+    const event = (name: string, payload: JsonValue): TaskRecord["events"][number] => ({ taskId: base.snapshot.taskId, from: "running", to: "paused", event: name, payload, at: 0 });
+    assert.equal(needsHuman(base), false);
+    assert.equal(needsHuman({ ...base, events: [...base.events, event("needs_human", null)] }), true);
+    assert.equal(needsHuman({ ...base, events: [...base.events, event("paused", { human: true })] }), true);
+    assert.equal(needsHuman({ ...base, events: [...base.events, event("paused", null), event("paused", [true]), event("paused", { human: "yes" })] }), false);
+
+    // 再加一个取消的（没有类型，记为 task）和一个还没跑的任务：都算进分母，都不算成功；没结束的不进 P95 的样本。
+    await runtime.submit({ id: "x1", input: "ok 0" });
+    await runtime.cancel("x1");
+    await runtime.submit({ id: "x2", input: "ok 0", type: "audit" });
+    const more: TaskRecord[] = store.tasks().map((snapshot) => ({ snapshot, events: store.events(snapshot.taskId) }));
+    const wider = computeMetrics(more);
+    assert.deepEqual(
+      [wider.submitted, wider.completed, wider.failed, wider.cancelled, wider.unfinished, wider.successRate, wider.latencySamples, wider.p95LatencyMs],
+      [9, 6, 1, 1, 1, 6 / 9, 8, 3_000],
+    );
+    assert.deepEqual([wider.humanIntervened, wider.humanInterventionRate], [0, 0], "默认判定：这份日志里没有 needs_human");
+    assert.deepEqual(Object.keys(wider.costByType), ["audit", "query", "report", "task"], "类型名按字典序");
+    assert.deepEqual(wider.costByType.task, { tasks: 1, meanCostUsd: null, meanTokens: 0 }, "没调用过模型的任务没有费用");
+    assert.deepEqual(wider.costByType.audit, { tasks: 1, meanCostUsd: null, meanTokens: 0 });
+    assert.match(formatMetricsTable(wider), /人工介入率\s+0\.0 %（0\/9）\s+≤ 3\.0 %\s+正常/);
+    // 价目表里没有的模型不估算费用：是 null，不是 0；token 照样算。
+    const unpriced = computeMetrics(records, { prices: {} });
+    assert.deepEqual(unpriced.costByType.query, { tasks: 4, meanCostUsd: null, meanTokens: 825 });
+    assert.match(formatMetricsTable(unpriced), /平均成本 · report\s+—（1100 tokens，3 个）/);
+    // 参考线本身不越线：成功率恰好 90 %、人工介入率恰好 3 % 都是“正常”。
+    const edge = formatMetricsTable({ ...metrics, successRate: 0.9, humanInterventionRate: 0.03 });
+    assert.match(edge, /任务成功率\s+90\.0 %（6\/7）\s+≥ 90\.0 %\s+正常/);
+    assert.match(edge, /人工介入率\s+3\.0 %（1\/7）\s+≤ 3\.0 %\s+正常/);
+
+    // 没有任务：比率与 P95 都是 null，表格里写“—”。
+    const empty = computeMetrics([]);
+    assert.deepEqual(empty, {
+      submitted: 0, completed: 0, failed: 0, cancelled: 0, unfinished: 0, successRate: null, costByType: {},
+      p95LatencyMs: null, latencySamples: 0, humanIntervened: 0, humanInterventionRate: null,
+    });
+    const emptyRows = assertAlignedTable(formatMetricsTable(empty), 3);
+    assert.deepEqual(emptyRows.slice(1).map((cells) => [cells[1], cells[3]]), [["—（0/0）", "—"], ["—", "—"], ["—（0/0）", "—"]]);
   } finally {
     await store.close();
     await rm(dir, { recursive: true, force: true });
