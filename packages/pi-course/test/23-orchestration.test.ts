@@ -36,7 +36,7 @@ import {
   type RoutedTask,
   TaskRouter,
 } from "../src/orchestration/router.js";
-import { TaskScheduler } from "../src/orchestration/scheduler.js";
+import { SchedulerError, type TaskRunner, TaskScheduler } from "../src/orchestration/scheduler.js";
 import {
   buildSpanTree,
   DEFAULT_PRICES,
@@ -1118,9 +1118,16 @@ test("Lab 23.3 · 并发上限：最多 concurrency 个任务同时在跑，按�
 
     const scheduler = new TaskScheduler({ runner: runtime, concurrency: 2 });
     assert.throws(() => new TaskScheduler({ runner: runtime, concurrency: 0 }), /concurrency/);
+    assert.throws(() => new TaskScheduler({ runner: runtime, concurrency: 1.5 }), SchedulerError, "上限必须是整数");
     const results = new Map<string, Promise<TaskSnapshot>>();
     for (const spec of specs) results.set(spec.id, scheduler.schedule(spec.id, { priority: spec.priority }));
     assert.equal(scheduler.schedule("a"), results.get("a"), "未结束的任务再调度一次，拿到的是同一个 Promise");
+    // 不合法的调度直接被拒绝，不占槽位，也不交给 runner。
+    const refused = (error: unknown, what: RegExp): boolean => error instanceof SchedulerError && error.name === "SchedulerError" && what.test(error.message);
+    await assert.rejects(scheduler.schedule(""), (error) => refused(error, /taskId/));
+    await assert.rejects(scheduler.schedule(42 as unknown as string), (error) => refused(error, /taskId/));
+    await assert.rejects(scheduler.schedule("a2", { priority: Number.NaN }), (error) => refused(error, /a2/));
+    assert.equal(scheduler.phase("a2"), undefined);
 
     await waitUntil(() => started.length === 2, "两个任务开始调用模型");
     assert.deepEqual(started, ["c", "e"], "优先级最高的两个先跑");
@@ -1213,10 +1220,110 @@ test("Lab 23.3 · 隔离：交错执行的任务各自只看见自己的数据�
       seen.map((entry) => `${entry.taskId}:${entry.account}:${entry.key}`).sort(),
       ["A:acct-A:A#2", "B:acct-B:B#2", "C:acct-C:C#2"],
     );
+    assert.deepEqual(scheduler.stats, { queued: 0, running: 0, peakRunning: 3, settled: 4 }, "排队中取消的 D 从没占过名额");
   } finally {
     await store.close();
     await rm(dir, { recursive: true, force: true });
   }
+
+  // 调度器只信它自己那一个任务的结局：runner 交回别的任务的快照、没停下就返回、交回空值、自己抛错，都只让这一个任务失败。
+  // 这里的 runner 是测试安排好的，快照只带调度器会读的 taskId 与 state。
+  const snap = (taskId: string, state: TaskSnapshot["state"]): TaskSnapshot => ({ taskId, state }) as unknown as TaskSnapshot;
+  const runs: string[] = [];
+  const cancels: { taskId: string; reason: string | undefined }[] = [];
+  const held = new Map<string, Deferred<void>>();
+  const hold = (id: string): Promise<void> => {
+    const gate = deferred();
+    held.set(id, gate);
+    return gate.promise;
+  };
+  const broken = new Error("存储坏了");
+  const outcomes: Record<string, () => TaskSnapshot | Promise<TaskSnapshot>> = {
+    crosstalk: () => snap("someone-else", "completed"),
+    early: () => snap("early", "running"),
+    empty: () => undefined as unknown as TaskSnapshot,
+    pending: () => snap("pending", "pending"),
+    broken: () => {
+      throw broken;
+    },
+    human: () => snap("human", "paused"),
+    // 下面这些在运行中被取消，然后才交回结局。
+    finished: async () => (await hold("finished"), snap("finished", "completed")),
+    stopped: async () => (await hold("stopped"), snap("stopped", "pending")),
+    swapped: async () => (await hold("swapped"), snap("someone-else", "paused")),
+    vanished: async () => (await hold("vanished"), undefined as unknown as TaskSnapshot),
+    external: async () => (await hold("external"), snap("external", "paused")),
+    again: async () => (runs.filter((id) => id === "again").length === 1 ? snap("again", "completed") : (await hold("again"), snap("again", "completed"))),
+    q1: async () => (await hold("q1"), snap("q1", "completed")),
+    q2: () => snap("q2", "completed"),
+    q3: () => snap("q3", "completed"),
+  };
+  const runner: TaskRunner = {
+    async run(taskId) {
+      runs.push(taskId);
+      return outcomes[taskId]!();
+    },
+    async cancel(taskId, reason) {
+      cancels.push({ taskId, reason });
+      return snap(taskId, "cancelled");
+    },
+  };
+  const fake = new TaskScheduler({ runner, concurrency: 20 });
+  const settled = (promise: Promise<TaskSnapshot>) => promise.then((snapshot) => snapshot.state, (error: unknown) => error);
+  const quick = Object.fromEntries(["crosstalk", "early", "empty", "pending", "broken", "human"].map((id) => [id, settled(fake.schedule(id))]));
+  const isSchedulerError = (error: unknown, what: RegExp): boolean => error instanceof SchedulerError && what.test(error.message);
+  assert.ok(isSchedulerError(await quick.crosstalk, /someone-else/), "交回别的任务的快照是串扰");
+  assert.ok(isSchedulerError(await quick.early, /running/), "没有停下就返回是 runner 的错");
+  assert.ok(isSchedulerError(await quick.empty, /empty/));
+  assert.ok(isSchedulerError(await quick.pending, /pending/), "没被取消的任务停在 pending 也是 runner 的错");
+  assert.equal(await quick.broken, broken, "runner 自己的错误原样交给这个任务");
+  assert.equal(await quick.human, "paused", "paused 是合法的结局（例如等人），没被取消就不迁走");
+
+  const caller = new AbortController();
+  const late = Object.fromEntries(["finished", "stopped", "swapped", "vanished"].map((id) => [id, settled(fake.schedule(id))]));
+  const external = settled(fake.schedule("external", { signal: caller.signal }));
+  const preAborted = settled(fake.schedule("pre", { signal: AbortSignal.abort() }));
+  await waitUntil(() => held.size === 5, "五个任务都在运行");
+  assert.equal(fake.cancel("finished", "用户撤回"), true);
+  for (const id of ["stopped", "swapped", "vanished"]) fake.cancel(id);
+  caller.abort();
+  for (const gate of held.values()) gate.resolve();
+  held.clear();
+  assert.equal(await late.finished, "completed", "停下之前已经到了终态：终态保留");
+  assert.equal(await late.stopped, "cancelled", "取消之后停在 pending：迁到 cancelled");
+  assert.ok(isSchedulerError(await late.swapped, /someone-else/), "取消之后交回别人的快照，也不替别人收尾");
+  assert.ok(isSchedulerError(await late.vanished, /vanished/));
+  assert.equal(await external, "cancelled", "调用方的 signal 等同于 cancel");
+  assert.equal(await preAborted, "cancelled", "已经触发的 signal：不等名额，直接取消");
+  assert.ok(!runs.includes("pre"), "已取消的任务不交给 runner.run");
+  assert.deepEqual(cancels.map((entry) => entry.taskId).sort(), ["external", "pre", "stopped"]);
+  for (const entry of cancels) assert.ok(typeof entry.reason === "string" && entry.reason !== "", `取消要写明原因：${entry.taskId}`);
+
+  // 一个任务有了结局，它的 signal 就与调度器无关了：同一个 id 再调度一次，旧 signal 触发也不会取消新的这次。
+  const old = new AbortController();
+  assert.equal(await settled(fake.schedule("again", { signal: old.signal })), "completed");
+  const second = settled(fake.schedule("again"));
+  await waitUntil(() => held.has("again"), "第二次运行开始");
+  old.abort();
+  held.get("again")!.resolve();
+  assert.equal(await second, "completed");
+  assert.ok(!cancels.some((entry) => entry.taskId === "again"));
+  await fake.drain();
+  assert.deepEqual(fake.stats, { queued: 0, running: 0, peakRunning: 6, settled: 14 });
+
+  // 排队中的任务被取消：立刻出队，从不交给 runner.run，也不占名额。
+  const single = new TaskScheduler({ runner, concurrency: 1 });
+  const queuedRuns = runs.length;
+  const queued = ["q1", "q2", "q3"].map((id) => settled(single.schedule(id)));
+  await waitUntil(() => held.has("q1"), "q1 开始");
+  assert.deepEqual(single.stats, { queued: 2, running: 1, peakRunning: 1, settled: 0 });
+  assert.equal(single.cancel("q3"), true);
+  assert.equal(single.stats.queued, 1, "取消的任务立刻出队");
+  held.get("q1")!.resolve();
+  assert.deepEqual(await Promise.all(queued), ["completed", "completed", "cancelled"]);
+  await single.drain();
+  assert.deepEqual(runs.slice(queuedRuns), ["q1", "q2"]);
+  assert.deepEqual(single.stats, { queued: 0, running: 0, peakRunning: 1, settled: 3 });
 });
 
 test("Lab 23.3 · 没有共享的可变状态：两个调度器互不相干；扫描 task-runtime/、guardrails/、orchestration/ 的模块顶层，违规时指出文件与行号", HANG_GUARD, async () => {
@@ -1233,6 +1340,10 @@ test("Lab 23.3 · 没有共享的可变状态：两个调度器互不相干；�
     assert.deepEqual(busy.stats, { queued: 0, running: 0, peakRunning: 1, settled: 1 });
     assert.deepEqual(idle.stats, { queued: 0, running: 0, peakRunning: 0, settled: 0 });
     assert.equal(idle.cancel("solo"), false, "另一个调度器里没有这个任务");
+    assert.equal(await Promise.race([idle.drain().then(() => "drained"), ticks(20).then(() => "waiting")]), "drained", "空的调度器，drain 立刻兑现");
+    // 闲下来之后再调度，照样开跑。
+    assert.equal((await busy.schedule("solo")).state, "completed");
+    assert.equal(busy.stats.settled, 2);
   } finally {
     await store.close();
     await rm(dir, { recursive: true, force: true });
