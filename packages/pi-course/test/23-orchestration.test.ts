@@ -1730,6 +1730,8 @@ test("Lab 23.4 · 指标：成功率、按类型的平均成本、P95 端到端�
       [9, 6, 1, 1, 1, 6 / 9, 8, 3_000],
     );
     assert.deepEqual([wider.humanIntervened, wider.humanInterventionRate], [0, 0], "默认判定：这份日志里没有 needs_human");
+    const waiting = computeMetrics(more.filter((record) => record.snapshot.taskId !== "x1"));
+    assert.deepEqual([waiting.cancelled, waiting.unfinished], [0, 1], "还没跑的任务不是取消");
     assert.deepEqual(Object.keys(wider.costByType), ["audit", "query", "report", "task"], "类型名按字典序");
     assert.deepEqual(wider.costByType.task, { tasks: 1, meanCostUsd: null, meanTokens: 0 }, "没调用过模型的任务没有费用");
     assert.deepEqual(wider.costByType.audit, { tasks: 1, meanCostUsd: null, meanTokens: 0 });
