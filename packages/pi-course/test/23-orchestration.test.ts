@@ -1238,7 +1238,7 @@ test("Lab 23.3 · 隔离：交错执行的任务各自只看见自己的数据�
     return gate.promise;
   };
   const broken = new Error("存储坏了");
-  const outcomes: Record<string, () => TaskSnapshot | Promise<TaskSnapshot>> = {
+  const outcomes: Record<string, (signal?: AbortSignal) => TaskSnapshot | Promise<TaskSnapshot>> = {
     crosstalk: () => snap("someone-else", "completed"),
     early: () => snap("early", "running"),
     empty: () => undefined as unknown as TaskSnapshot,
@@ -1253,15 +1253,20 @@ test("Lab 23.3 · 隔离：交错执行的任务各自只看见自己的数据�
     swapped: async () => (await hold("swapped"), snap("someone-else", "paused")),
     vanished: async () => (await hold("vanished"), undefined as unknown as TaskSnapshot),
     external: async () => (await hold("external"), snap("external", "paused")),
-    again: async () => (runs.filter((id) => id === "again").length === 1 ? snap("again", "completed") : (await hold("again"), snap("again", "completed"))),
+    // 像 TaskRuntime 一样：signal 触发了就停在 paused。
+    again: async (signal) => {
+      if (runs.filter((id) => id === "again").length === 1) return snap("again", "completed");
+      await hold("again");
+      return snap("again", signal?.aborted === true ? "paused" : "completed");
+    },
     q1: async () => (await hold("q1"), snap("q1", "completed")),
     q2: () => snap("q2", "completed"),
     q3: () => snap("q3", "completed"),
   };
   const runner: TaskRunner = {
-    async run(taskId) {
+    async run(taskId, options) {
       runs.push(taskId);
-      return outcomes[taskId]!();
+      return outcomes[taskId]!(options?.signal);
     },
     async cancel(taskId, reason) {
       cancels.push({ taskId, reason });
@@ -1306,7 +1311,7 @@ test("Lab 23.3 · 隔离：交错执行的任务各自只看见自己的数据�
   await waitUntil(() => held.has("again"), "第二次运行开始");
   old.abort();
   held.get("again")!.resolve();
-  assert.equal(await second, "completed");
+  assert.equal(await second, "completed", "旧的 signal 已经从调度器上摘掉");
   assert.ok(!cancels.some((entry) => entry.taskId === "again"));
   await fake.drain();
   assert.deepEqual(fake.stats, { queued: 0, running: 0, peakRunning: 6, settled: 14 });
