@@ -76,6 +76,30 @@ async function okValue(runtime: CodeRuntime, code: string, options?: ExecuteOpti
   return result.value;
 }
 
+/**
+ * 一个带 clock 能力的 JS 内核：wait(ms) 过 ms 毫秒后 resolve；hang() 先告诉测试“这一格已经在等了”
+ * （nextHang() 返回的 Promise 随之 resolve），然后永远不 resolve。
+ */
+function clockKernel(options: { timeoutMs?: number } = {}): { kernel: CodeRuntime; nextHang: () => Promise<void> } {
+  const hangs: Array<() => void> = [];
+  const kernel = createJavaScriptKernel({
+    ...options,
+    capabilities: {
+      clock: {
+        wait: (ms) => new Promise((resolve) => setTimeout(() => resolve(ms), ms as number)),
+        hang: () => {
+          hangs.shift()?.();
+          return new Promise(() => {});
+        },
+      },
+    },
+  });
+  const nextHang = (): Promise<void> => new Promise((resolve) => {
+    hangs.push(resolve);
+  });
+  return { kernel, nextHang };
+}
+
 /** Lab 20.3 的入口：没有 Python 时这里抛出一行安装提示，测试就此失败（不是跳过）。 */
 function pythonKernel(options: PythonKernelOptions = {}) {
   const command = findPython();
@@ -137,6 +161,8 @@ test("Lab 20.1 · JS 内核：同一个 context 跨单元格保留裸赋值，re
   // 裸赋值留在全局，let 只属于上一格；每一格的 stdout 只有这一格的输出。
   const second = await kernel.execute("count += 1\nreturn { count, hidden: typeof hidden }");
   assert.deepEqual(second, { ok: true, value: { count: 2, hidden: "undefined" }, stdout: "" });
+  // 一格里的多次输出按顺序接在一起，每次一行。
+  assert.deepEqual(await kernel.execute("console.log('a')\nconsole.info('b')"), { ok: true, stdout: "a\nb\n" });
 
   // 没有 return 的单元格没有 value；返回的对象是纯数据的深副本。
   assert.deepEqual(await kernel.execute("globalThis.list = [1, 2]"), { ok: true, stdout: "" });
@@ -157,7 +183,11 @@ test("Lab 20.1 · 单元格失败是 ok=false 的结果（name 与 message），
   assert.deepEqual(await kernel.execute("throw 'plain text'"), { ok: false, stdout: "", error: { message: "plain text" } });
   const syntax = await kernel.execute("return (");
   assert.equal(syntax.ok, false);
+  assert.equal(syntax.stdout, "");
   assert.equal(syntax.error?.name, "SyntaxError");
+  // 一格代码提前闭合了外面的 async 函数，在同步部分就抛出：那也只是一个结果，不是超时，也不是异常。
+  assert.deepEqual(await kernel.execute("}); throw new RangeError('sync'); (async () => {"), { ok: false, stdout: "", error: { name: "RangeError", message: "sync" } });
+  assert.deepEqual(await kernel.execute("}); throw null; (async () => {"), { ok: false, stdout: "", error: { message: "null" } });
   const missing = await kernel.execute("return notDefinedAnywhere");
   assert.equal(missing.error?.name, "ReferenceError");
   // 不是 Error 的对象：只认字符串的 name 与 message；连 String() 都不行时也有一句消息。
@@ -180,10 +210,7 @@ test("Lab 20.1 · 超时：同步死循环与永不结束的 await 都返回 Tim
   const spin = await kernel.execute("while (true) {}", { timeoutMs: 100 });
   assert.equal(spin.ok, false);
   assert.equal(spin.error?.name, "TimeoutError");
-  // 超时立即换上新内核：观察是 alive=true，旧变量不在。
-  const replaced = await kernel.describe();
-  assert.equal(replaced.alive, true);
-  assert.ok(!names(replaced).includes("keep"));
+  assert.match(spin.error?.message ?? "", /\S/);
   assert.equal(await okValue(kernel, "return typeof keep"), "undefined");
 
   assert.equal(await okValue(kernel, "keep = 2\nreturn keep"), 2);
@@ -201,40 +228,28 @@ test("Lab 20.1 · 超时：同步死循环与永不结束的 await 都返回 Tim
   assert.equal(await okValue(kernel, "return 'fresh'"), "fresh");
   // 开始前就取消了的 signal：这一格不运行。
   const early = await kernel.execute("ran = true", { signal: AbortSignal.abort() });
+  assert.equal(early.ok, false);
+  assert.equal(early.stdout, "");
   assert.equal(early.error?.name, "AbortError");
+  assert.match(early.error?.message ?? "", /\S/);
   assert.equal(await okValue(kernel, "return typeof ran"), "undefined");
 
   // 内核创建时给的超时就是默认值；期限从这一格开始时算，await 宿主能力的时间也在里面。
   const short = createJavaScriptKernel({ timeoutMs: 100 });
   assert.equal((await short.execute("while (true) {}")).error?.name, "TimeoutError");
-  let markStarted!: () => void;
-  const started = new Promise<void>((resolve) => {
-    markStarted = resolve;
-  });
-  const clock = createJavaScriptKernel({
-    capabilities: {
-      clock: {
-        wait: (ms) => new Promise((resolve) => setTimeout(() => resolve(ms), ms as number)),
-        hang: () => {
-          markStarted();
-          return new Promise(() => {});
-        },
-      },
-    },
-  });
-  const [waited, seen] = await Promise.all([clock.execute("late = await clock.wait(20)\nreturn late"), clock.describe()]);
-  assert.deepEqual(waited, { ok: true, value: 20, stdout: "" });
-  // describe() 排在正在跑的一格后面，看到的是它结束之后的状态。
-  assert.ok(names(seen).includes("late"), names(seen).join(", "));
-
-  // 跑到一半被取消：内核同样丢掉，但等下一格再创建，所以观察是 alive=false。
+  const clock = clockKernel();
+  assert.deepEqual(await clock.kernel.execute("late = await clock.wait(20)\nreturn late"), { ok: true, value: 20, stdout: "" });
+  // 跑到一半被取消：这一格是 AbortError，内核连同 late 一起丢掉。
   const stopper = new AbortController();
-  const hanging = clock.execute("await clock.hang()", { signal: stopper.signal });
+  const started = clock.nextHang();
+  const hanging = clock.kernel.execute("await clock.hang()", { signal: stopper.signal });
   await started;
   stopper.abort();
-  assert.equal((await hanging).error?.name, "AbortError");
-  assert.deepEqual(await clock.describe(), { alive: false, variables: [] });
-  assert.equal(await okValue(clock, "return typeof late"), "undefined");
+  const cancelled = await hanging;
+  assert.equal(cancelled.ok, false);
+  assert.equal(cancelled.error?.name, "AbortError");
+  assert.match(cancelled.error?.message ?? "", /\S/);
+  assert.equal(await okValue(clock.kernel, "return typeof late"), "undefined");
 });
 
 // ---------------------------------------------------------------------------
@@ -262,6 +277,39 @@ test("Lab 20.2 · 未启动与 reset 之后 describe() 都是 alive=false，而�
   const fresh = await kernel.describe();
   assert.equal(fresh.alive, true);
   assert.ok(!names(fresh).includes("count"), "reset 之后的新内核里没有旧变量");
+
+  // 超时（同步或异步）立即换上新内核：观察是 alive=true，旧变量不在；取消则等下一格再创建：alive=false。
+  const clock = clockKernel();
+  await okValue(clock.kernel, "keep = 1");
+  assert.equal((await clock.kernel.execute("while (true) {}", { timeoutMs: 100 })).error?.name, "TimeoutError");
+  const replaced = await clock.kernel.describe();
+  assert.equal(replaced.alive, true);
+  assert.ok(!names(replaced).includes("keep"));
+  await okValue(clock.kernel, "keep = 2");
+  assert.equal((await clock.kernel.execute("await clock.hang()", { timeoutMs: 100 })).error?.name, "TimeoutError");
+  const again = await clock.kernel.describe();
+  assert.equal(again.alive, true, "异步部分超时同样立即换上新内核");
+  assert.ok(!names(again).includes("keep"));
+  const stopper = new AbortController();
+  const started = clock.nextHang();
+  const hanging = clock.kernel.execute("await clock.hang()", { signal: stopper.signal });
+  await started;
+  stopper.abort();
+  assert.equal((await hanging).error?.name, "AbortError");
+  assert.deepEqual(await clock.kernel.describe(), { alive: false, variables: [] });
+
+  // describe() 与 execute() 排同一条队：排在正在跑的一格后面，看到的是它结束之后的状态。
+  const [waited, queued] = await Promise.all([clock.kernel.execute("late = await clock.wait(20)"), clock.kernel.describe()]);
+  assert.equal(waited.ok, true);
+  assert.ok(names(queued).includes("late"), names(queued).join(", "));
+
+  // reset() 立即生效：一格跑到一半时 reset，它之后超时也不会再拉起一个内核。
+  const waiting = clock.nextHang();
+  const orphan = clock.kernel.execute("await clock.hang()", { timeoutMs: 50 });
+  await waiting;
+  await clock.kernel.reset();
+  assert.equal((await orphan).error?.name, "TimeoutError");
+  assert.deepEqual(await clock.kernel.describe(), { alive: false, variables: [] });
 });
 
 test("Lab 20.2 · 只报告基线之外、不以 __ 开头的名字：裸赋值与 globalThis.x 可见，let/const/var、内建、console 与能力命名空间不可见", HANG_GUARD, async () => {
