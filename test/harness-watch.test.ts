@@ -89,10 +89,14 @@ test(`lab ${n}.1 --watch：保存后给出新的结论；类型错误给出 tsc 
 
     // A type error: the compiler's own line, no verdict after it, and the loop keeps watching. (One save can reach
     // tsc as two change events, so a second green verdict of the save above may still arrive: positions, not counts.)
+    // Only what comes after this save counts: under load, a save that tsc read half-written can leave its own short
+    // failure on screen before the verdict that follows it, and that one names no TS2322.
+    const savedAt = out.length;
     await fs.writeFile(teaching, `${target}\nexport const broken: number = "不是数字";\n`);
     const failedAt = await waitFor("类型错误的消息", () => {
-      const at = out.lastIndexOf("构建失败（tsc）");
-      return at >= 0 ? at : undefined;
+      const error = out.indexOf("error TS2322", savedAt);
+      const at = error >= 0 ? out.lastIndexOf("构建失败（tsc）", error) : -1;
+      return at >= savedAt ? at : undefined;
     }, 60_000);
     assert.match(out.slice(failedAt), /error TS2322/);
     const verdictAfter = (from: number): string | undefined =>
