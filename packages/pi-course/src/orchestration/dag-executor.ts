@@ -179,7 +179,8 @@ export async function runDag(nodes: readonly DagNode[], task: RoutedTask, option
     };
     const done = (async () => {
       try {
-        const output = await node.run(context);
+        // 同步抛错的 run 也要先让出一次：否则 finally 在 running.set 之前就跑完，表里留下一个永远“在跑”的节点。
+        const output = await (async () => node.run(context))();
         if (output === undefined) throw new Error(`节点 ${node.id} 没有返回值`);
         outputs[node.id] = structuredClone(output);
         settle({ id: node.id, status: "completed", output: structuredClone(output) });
