@@ -5,7 +5,7 @@
 
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
-import { mkdtemp, readdir, readFile, rm } from "node:fs/promises";
+import { mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
 import os, { tmpdir } from "node:os";
 import path from "node:path";
 import test from "node:test";
@@ -20,14 +20,19 @@ import {
   createWorkingMemoryHooks,
   evidenceFromMessages,
   LongTermMemory,
+  MAX_FACT_VALUE,
   type MemoryFact,
+  reviewFact,
   WORKING_MEMORY_KEY,
   WORKING_MEMORY_SECTION,
   WorkingMemory,
+  workingMemoryOf,
 } from "../src/orchestration/memory.js";
 import { computeMetrics, formatMetricsTable, needsHuman, percentile } from "../src/orchestration/metrics.js";
-import { MAX_PLAN_STEPS, PlanExecuteExecutor } from "../src/orchestration/plan-execute.js";
+import { InvalidPlan, MAX_PLAN_STEPS, parsePlan, parseRevision, PLAN_FORMAT, PlanExecuteExecutor, REVISION_FORMAT } from "../src/orchestration/plan-execute.js";
 import {
+  type CallTracker,
+  countingTracker,
   type ExecutionStep,
   ORCHESTRATION_KEY,
   type OrchestrationRecord,
@@ -58,6 +63,7 @@ import { objectSchema, stringValue, type Tool, type ToolOutput, ToolRegistry } f
 import {
   type AgentContext,
   type AgentMessage,
+  type SystemMessage,
   assistantMessage,
   type AssistantMessage,
   currentSystemMessage,
@@ -250,6 +256,76 @@ test("Lab 23.1 · DAG：依赖都完成的节点同时启动；一个节点失�
   assert.equal(sawSignal, true);
   assert.equal(cancelled.status, "cancelled");
   assert.deepEqual(cancelled.nodes.map((report) => report.status), ["completed", "cancelled"]);
+  // 依赖被取消的节点也是 cancelled（不是 blocked）；一个失败、一个取消时整张图算 cancelled。
+  const stop = new AbortController();
+  const mixed = await runDag(
+    [
+      node("bad", [], () => {
+        throw new Error("坏了");
+      }),
+      node("slow", [], async () => {
+        stop.abort();
+        return "slow";
+      }),
+      node("later", ["slow"], () => "never"),
+      node("last", ["later"], () => "never"),
+    ],
+    task,
+    { signal: stop.signal },
+  );
+  assert.deepEqual(mixed.nodes.map((report) => `${report.id}:${report.status}`), ["bad:failed", "slow:completed", "later:cancelled", "last:cancelled"]);
+  assert.equal(mixed.status, "cancelled");
+  assert.equal(mixed.nodes[3]!.blockedBy, undefined);
+  // 没有 signal 的运行，节点的上下文里也没有 signal。
+  let noSignal: unknown = "unset";
+  await runDag([node("n", [], (context) => ((noSignal = context.signal), "n"))], task);
+  assert.equal(noSignal, undefined);
+
+  // 节点拿到的任务与依赖输出都是副本，改了也不影响别的节点和报告；钩子拿到的报告也是副本。
+  const starts: string[] = [];
+  const isolated = await runDag(
+    [
+      node("src", [], () => ({ items: ["a"] })),
+      node("left", ["src"], (context) => {
+        (context.inputs.src as { items: string[] }).items.push("left");
+        context.task.input = "改掉";
+        return "L";
+      }),
+      node("right", ["src", "left"], (context) => `${JSON.stringify(context.inputs.src)} ${context.task.input}`),
+    ],
+    task,
+    {
+      hooks: {
+        onNodeStart: (id) => starts.push(id),
+        onNodeEnd: (report) => {
+          report.status = "failed";
+        },
+      },
+    },
+  );
+  assert.deepEqual(starts, ["src", "left", "right"]);
+  assert.equal(isolated.status, "completed");
+  assert.deepEqual(isolated.nodes.find((report) => report.id === "right")!.output, '{"items":["a"]} ORD-7');
+  assert.deepEqual(isolated.nodes[0]!.output, { items: ["a"] });
+  assert.equal(task.input, "ORD-7");
+
+  // 节点的失败写在报告里：没有返回值、没配模型的图里调用模型、调用不存在的工具、工具结果是错误。
+  const failures = await runDag(
+    [
+      node("empty", [], () => undefined as unknown as JsonValue),
+      modelNode("ask", { prompt: () => "你好" }),
+      toolNode("missing", { tool: "no_such_tool", arguments: () => ({}) }),
+    ],
+    task,
+  );
+  assert.equal(failures.status, "failed");
+  const failure = Object.fromEntries(failures.nodes.map((report) => [report.id, report.error ?? ""]));
+  assert.match(failure.empty!, /empty 没有返回值/);
+  assert.match(failure.ask!, /模型调用失败：这张图没有配置模型/);
+  assert.match(failure.missing!, /no_such_tool/);
+  const erroring = new ToolRegistry([{ name: "flaky", description: "总是失败", schema: objectSchema({}), execute: async () => ({ content: [text("上游 503")], isError: true }) }]);
+  const toolFailed = await runDag([toolNode("call", { tool: "flaky", arguments: () => ({}) })], task, { tools: erroring });
+  assert.deepEqual(toolFailed.nodes[0], { id: "call", status: "failed", error: "上游 503" });
 
   // 图在运行之前检查。
   const plain = (id: string, dependsOn: string[] = []): DagNode => ({ id, dependsOn, run: () => id });
@@ -260,6 +336,36 @@ test("Lab 23.1 · DAG：依赖都完成的节点同时启动；一个节点失�
   await assert.rejects(runDag([node("x", ["x"], () => 1)], task), InvalidDag);
   assert.deepEqual(started, [], "有环的图一个节点都不运行");
   assert.deepEqual(validateDag([plain("c", ["a", "b"]), plain("a"), plain("b", ["a"])]), ["a", "b", "c"]);
+  assert.throws(() => validateDag([plain("")]), (error: unknown) => error instanceof InvalidDag && error.name === "InvalidDag" && /id/.test(error.message));
+  assert.throws(() => validateDag([plain("x", ["x"])]), /环：x → x/);
+  assert.throws(() => validateDag([plain("a"), plain("b", ["c"]), plain("c", ["d"]), plain("d", ["b"])]), /环：b → c → d → b/, "环上的路径从环的起点开始");
+  assert.deepEqual(validateDag([plain("a"), plain("b")]), ["a", "b"]);
+  // 执行器：输出节点必须在图里；非字符串的输出写成 JSON；失败的节点写进 error。
+  assert.throws(() => new DagExecutor({ name: "x", nodes: [plain("a")], output: "b" }), (error: unknown) => error instanceof InvalidDag && /输出节点 b 不在图里/.test(error.message));
+  const events: ExecutionStep[] = [];
+  const objectOutput = await new DagExecutor({ name: "obj", nodes: [{ id: "a", run: () => ({ n: 1 }) }], output: "a" }).execute(task, { onStep: (step) => events.push(step) });
+  assert.deepEqual([objectOutput.status, objectOutput.output, objectOutput.error], ["completed", '{"n":1}', undefined]);
+  assert.deepEqual(events, [{ kind: "dag_node_start", node: "a" }, { kind: "dag_node_end", node: "a", status: "completed" }]);
+  const failedSteps: ExecutionStep[] = [];
+  const broken = await new DagExecutor({
+    name: "broken",
+    nodes: [
+      { id: "a", run: () => { throw new Error("一"); } },
+      { id: "b", run: () => { throw new Error("二"); } },
+      { id: "c", dependsOn: ["a"], run: () => "c" },
+    ],
+    output: "c",
+  }).execute(task, { onStep: (step) => failedSteps.push(step) });
+  assert.deepEqual([broken.status, broken.output, broken.error], ["failed", "", "a: 一; b: 二"]);
+  assert.deepEqual(failedSteps.filter((step) => step.kind === "dag_node_end").map((step) => `${String(step.node)}:${String(step.status)}:${String(step.error ?? "")}`), [
+    "a:failed:一",
+    "b:failed:二",
+    "c:blocked:依赖的节点 a 失败，没有运行",
+  ]);
+  const halt = new AbortController();
+  halt.abort();
+  const halted = await new DagExecutor({ name: "halt", nodes: [plain("a")], output: "a" }).execute(task, { signal: halt.signal });
+  assert.deepEqual([halted.status, halted.output, halted.error], ["cancelled", "", "任务被取消"]);
 });
 
 test("Lab 23.1 · 同一个查询：DAG 路径只调用一次模型，ReAct 循环要调用三次；两条路径写同一份任务日志，DAG 的每次调用都标明属于哪个节点", HANG_GUARD, async () => {
@@ -527,6 +633,7 @@ test("Lab 23.2 · 规划-执行：计划是检查过的数据，步骤按顺序�
     const scripted = new ScriptedModel([reply(planText)]);
     const result = await new PlanExecuteExecutor({ name: "report", model: scripted, tools: salesTools(log) }).execute({ taskId: "bad", input: "x" });
     assert.equal(result.status, "failed");
+    assert.equal(result.output, "", "失败的任务没有回答");
     assert.deepEqual(log, [], "不合格的计划不运行任何工具");
     assert.equal(scripted.requests.length, 1);
     return result.error ?? "";
@@ -536,6 +643,115 @@ test("Lab 23.2 · 规划-执行：计划是检查过的数据，步骤按顺序�
   assert.match(await bad(JSON.stringify({ goal: "g", steps: [{ id: "s1", tool: "read_sales", arguments: { month: "2026-11" } }, { id: "s1", tool: "read_costs", arguments: {} }] })), /id 重复：s1/);
   const tooMany = Array.from({ length: MAX_PLAN_STEPS + 1 }, (_, index) => ({ id: `s${index}`, tool: "read_costs", arguments: { month: "m" } }));
   assert.match(await bad(JSON.stringify({ goal: "g", steps: tooMany })), new RegExp(`最多 ${MAX_PLAN_STEPS} 步`));
+  // 每一处都检查，消息说明是哪一步、哪个字段。
+  assert.match(await bad(JSON.stringify([PLAN])), /计划无效：计划必须是一个 JSON 对象/);
+  assert.match(await bad("null"), /计划必须是一个 JSON 对象/);
+  assert.match(await bad("42"), /计划必须是一个 JSON 对象/);
+  assert.match(await bad(JSON.stringify({ goal: " ", steps: [{ id: "s1", tool: "read_sales", arguments: {} }] })), /计划无效：计划缺少 goal/);
+  assert.match(await bad(JSON.stringify({ steps: [{ id: "s1", tool: "read_sales", arguments: {} }] })), /计划缺少 goal/);
+  assert.match(await bad(JSON.stringify({ goal: "g", steps: [] })), /steps 必须是非空数组/);
+  assert.match(await bad(JSON.stringify({ goal: "g", steps: { s1: "read_sales" } })), /steps 必须是非空数组/);
+  const second = (step: unknown) => JSON.stringify({ goal: "g", steps: [{ id: "s1", tool: "read_sales", arguments: { month: "2026-11" } }, step] });
+  assert.match(await bad(second("read_costs")), /第 2 步不是对象/);
+  assert.match(await bad(second([])), /第 2 步不是对象/);
+  assert.match(await bad(second({ tool: "read_costs", arguments: {} })), /第 2 步缺少 id/);
+  assert.match(await bad(second({ id: "", tool: "read_costs", arguments: {} })), /第 2 步缺少 id/);
+  assert.match(await bad(second({ id: "s2", tool: 7, arguments: {} })), /步骤 s2 用了不存在的工具 7/);
+  assert.match(await bad(second({ id: "s2", tool: "read_costs", arguments: ["2026-11"] })), /步骤 s2 的 arguments/);
+  assert.match(await bad(second({ id: "s2", tool: "read_costs" })), /步骤 s2 的 arguments/);
+  assert.match(await bad(second({ id: "s2", tool: "read_costs", arguments: {}, purpose: 3 })), /步骤 s2 的 purpose/);
+  assert.match(await bad(second({ id: "s2", tool: "read_costs", arguments: {}, review: "yes" })), /步骤 s2 的 review/);
+  const registry = salesTools([]);
+  assert.throws(() => parsePlan("", registry), (error: unknown) => error instanceof InvalidPlan && error.name === "InvalidPlan");
+  // 恰好 MAX_PLAN_STEPS 步可以；检查过的计划只留下认识的字段，purpose 与 review 原样保留。
+  const eight = Array.from({ length: MAX_PLAN_STEPS }, (_, index) => ({ id: `s${index}`, tool: "read_costs", arguments: { month: "m" }, note: "多余" }));
+  assert.equal(parsePlan(JSON.stringify({ goal: "g", steps: eight }), registry).steps.length, MAX_PLAN_STEPS);
+  assert.deepEqual(parsePlan(` ${JSON.stringify({ goal: "g", steps: [{ ...eight[0]!, purpose: "看成本", review: true }, { ...eight[1]!, review: false }] })}\n`, registry).steps, [
+    { id: "s0", tool: "read_costs", arguments: { month: "m" }, purpose: "看成本", review: true },
+    { id: "s1", tool: "read_costs", arguments: { month: "m" } },
+  ]);
+  // 修订的回复：{"keep":true} 是保留，别的都要是一组合格的新步骤。
+  assert.equal(parseRevision('{"keep":true}', registry, new Set(["s1"])), undefined);
+  assert.throws(() => parseRevision('{"keep":false}', registry, new Set(["s1"])), /steps 必须是非空数组/);
+  assert.throws(() => parseRevision('"keep"', registry, new Set()), /修订必须是一个 JSON 对象/);
+
+  // 请求的内容：规划请求写明格式与步数上限、每个工具一行；回答请求只有一句 system、工作记忆段和用户输入。
+  assert.deepEqual(Object.keys(JSON.parse(PLAN_FORMAT) as object), ["goal", "steps"], "给模型看的格式本身就是一份计划的样子");
+  assert.ok(REVISION_FORMAT.includes('{"keep":true}') && REVISION_FORMAT.includes('"steps"'));
+  const planning = textOf(model.requests[0]!.messages[0]!);
+  assert.ok(planning.includes(PLAN_FORMAT) && planning.includes(`最多 ${MAX_PLAN_STEPS} 步`), planning);
+  assert.match(planning, /^- read_sales：读取某月销售额$/m);
+  assert.match(planning, /^- read_costs：读取某月成本$/m);
+  assert.deepEqual(model.requests[0]!.messages.slice(1).map(textOf), ["11 月赚了多少？"]);
+  assert.deepEqual(model.requests[1]!.messages.map((message) => message.role), ["system", "system", "user"]);
+  assert.equal(textOf(model.requests[1]!.messages[2]!), "11 月赚了多少？");
+  assert.match(notes, /goal（来自 plan）："比较 11 月的销售额与成本"/, "目标也是一条笔记");
+  assert.deepEqual(steps.slice(1), [
+    { kind: "plan_step", step: "s1", tool: "read_sales", ok: true },
+    { kind: "plan_step", step: "s2", tool: "read_costs", ok: true },
+  ]);
+  const recorded = outcome.details as { steps: unknown[]; notes: Array<{ key: string; source: string }> };
+  assert.deepEqual(recorded.steps, [
+    { id: "s1", tool: "read_sales", ok: true, result: "11 月销售额 120 万" },
+    { id: "s2", tool: "read_costs", ok: true, result: "2026-11 成本 80 万" },
+  ]);
+  assert.deepEqual(recorded.notes.map((note) => `${note.key}<${note.source}`), ["goal<plan", "s1<p1:s1", "s2<p1:s2"]);
+
+  // 笔记是摘要：很长的工具结果截短之后才记下。
+  const long = new ToolRegistry([{ name: "dump", description: "吐出很长的文本", schema: objectSchema({}), execute: async () => ({ content: [text("长".repeat(1_000))] }) }]);
+  const dumpPlan = JSON.stringify({ goal: "g", steps: [{ id: "s1", tool: "dump", arguments: {} }] });
+  const dumped = await new PlanExecuteExecutor({ name: "report", model: new ScriptedModel([reply(dumpPlan), reply("好")]), tools: long }).execute({ taskId: "p7", input: "x" });
+  const [clipped] = (dumped.details as { steps: Array<{ result: string }> }).steps;
+  assert.ok(clipped!.result.length <= 400 && clipped!.result.startsWith("长长长") && clipped!.result.length < 1_000, `笔记没有截短：${clipped!.result.length} 个字符`);
+
+  // 模型调用失败就是任务失败（取消就是取消），原因写进 error；一个工具都不运行。别的错误（例如日志写不进去）原样交给调用方。
+  const planFails = await new PlanExecuteExecutor({ name: "report", model: new ScriptedModel([{ stopReason: "error", errorMessage: "rate limited" }]), tools: salesTools(calls) }).execute({ taskId: "p8", input: "x" });
+  assert.deepEqual([planFails.status, planFails.output, planFails.error], ["failed", "", "模型调用失败：rate limited"]);
+  assert.deepEqual((planFails.details as { plan: unknown }).plan, null);
+  const planAborted = await new PlanExecuteExecutor({ name: "report", model: new ScriptedModel([{ stopReason: "aborted", errorMessage: "用户取消" }]), tools: salesTools(calls) }).execute({ taskId: "p9", input: "x" });
+  assert.deepEqual([planAborted.status, planAborted.output], ["cancelled", ""]);
+  const boom = new Error("日志写不进去");
+  const throwing = (after: number): Model => {
+    const inner = new ScriptedModel([reply(PLAN), reply('{"keep":true}'), reply("答")]);
+    let count = 0;
+    return {
+      stream(context, streamOptions) {
+        count += 1;
+        if (count > after) throw boom;
+        return inner.stream(context, streamOptions);
+      },
+    };
+  };
+  await assert.rejects(new PlanExecuteExecutor({ name: "report", model: throwing(0), tools: salesTools([]) }).execute({ taskId: "p10", input: "x" }), boom);
+  await assert.rejects(new PlanExecuteExecutor({ name: "report", model: throwing(1), tools: salesTools([]) }).execute({ taskId: "p11", input: "x" }), boom);
+  assert.deepEqual(calls, ["read_sales(2026-11)", "read_costs(2026-11)"], "规划失败时一个工具都没运行");
+
+  // 取消：当前一步做完之后停下，后面的步骤不再运行。
+  const controller = new AbortController();
+  const stopLog: string[] = [];
+  const stopTools = salesTools(stopLog);
+  const stopping = new ToolRegistry([{ ...stopTools.get("read_sales")!, execute: async (parameters, context) => (controller.abort(), stopTools.get("read_sales")!.execute(parameters, context)) }, stopTools.get("read_costs")!] as Tool[]);
+  const stopModel = new ScriptedModel([reply(PLAN), reply("不该被请求")]);
+  const signals: unknown[] = [];
+  const listening: Model = { stream: (context, streamOptions) => (signals.push(streamOptions?.signal), stopModel.stream(context, streamOptions)) };
+  const stopped = await new PlanExecuteExecutor({ name: "report", model: listening, tools: stopping }).execute({ taskId: "p12", input: "x" }, { signal: controller.signal });
+  assert.deepEqual([stopped.status, stopped.output, stopped.error], ["cancelled", "", "任务被取消"]);
+  assert.deepEqual(signals, [controller.signal], "模型请求也带着取消信号");
+  assert.deepEqual(stopLog, ["read_sales(2026-11)"]);
+  assert.equal(stopped.modelCalls, 1);
+
+  // 每次调用都经过传进来的 tracker，并写明属于计划的哪一段：plan、步骤 id、answer（修订是 revise）。
+  const counting = countingTracker("p20");
+  const through: string[] = [];
+  const tracker: CallTracker = {
+    model: (inner, node) => (through.push(`model:${node}`), counting.model(inner, node)),
+    tool: (call, registry, node, signal) => (through.push(`tool:${node}:${call.name}`), counting.tool(call, registry, node, signal)),
+    modelCalls: () => counting.modelCalls(),
+    tokens: () => counting.tokens(),
+  };
+  const tracked = await new PlanExecuteExecutor({ name: "report", model: new ScriptedModel([reply(PLAN, 30), reply("好", 20)]), tools: salesTools([]) }).execute({ taskId: "p20", input: "x" }, { tracker });
+  assert.deepEqual(through, ["model:plan", "tool:s1:read_sales", "tool:s2:read_costs", "model:answer"]);
+  assert.deepEqual([tracked.modelCalls, tracked.tokens], [2, 50]);
 });
 
 test("Lab 23.2 · 修订：失败的步骤之后模型改写剩下的计划，整个任务只有一次；修订之后再失败就以失败结束，不再调用模型", HANG_GUARD, async () => {
@@ -575,7 +791,7 @@ test("Lab 23.2 · 修订：失败的步骤之后模型改写剩下的计划，�
   const again = new ScriptedModel([reply(wrongMonth), reply(stillWrong), reply("不该被请求")]);
   const log: string[] = [];
   const failed = await new PlanExecuteExecutor({ name: "report", model: again, tools: salesTools(log) }).execute({ taskId: "p3", input: "x" });
-  assert.equal(failed.status, "failed");
+  assert.deepEqual([failed.status, failed.output], ["failed", ""]);
   assert.match(failed.error ?? "", /步骤 s3 失败，计划已经修订过一次/);
   assert.equal(again.requests.length, 2);
   assert.deepEqual(log, ["read_sales(2026-13)", "read_sales(2026-14)"]);
@@ -594,15 +810,76 @@ test("Lab 23.2 · 修订：失败的步骤之后模型改写剩下的计划，�
   assert.equal(keptPlan.status, "completed");
   assert.equal(keptPlan.modelCalls, 3);
   assert.deepEqual(keepLog, ["read_sales(2026-10)", "read_costs(2026-10)"]);
+  // 修订请求里有：格式、目标、工作记忆、刚完成的这一步（成功或失败）和剩下的计划。
+  const reviewPrompt = keepModel.requests[1]!.messages.map(textOf).join("\n");
+  assert.ok(reviewPrompt.includes(REVISION_FORMAT), reviewPrompt);
+  assert.match(reviewPrompt, /^- read_sales：读取某月销售额$/m);
+  assert.match(reviewPrompt, /^刚完成：s1/m);
+  assert.match(reviewPrompt, /^目标：看完 10 月再决定要不要看 11 月$/m);
+  assert.match(reviewPrompt, /s1（来自 p6:s1）/);
+  assert.match(reviewPrompt, /s1（read_sales）成功：10 月销售额 100 万/);
+  assert.match(reviewPrompt, /^剩下的计划：\[\{"id":"s2"/m);
+  assert.equal((keptPlan.details as { revised: boolean }).revised, true, "review 也用掉了那一次修订");
+
+  // 修订换上的步骤里也有 review：成功之后不再修订（只有一次），照常做完。
+  const reviewAgain = JSON.stringify({ steps: [{ id: "s3", tool: "read_sales", arguments: { month: "2026-11" }, review: true }] });
+  const onceModel = new ScriptedModel([reply(wrongMonth), reply(reviewAgain), reply("11 月销售额 120 万")]);
+  const onceSteps: ExecutionStep[] = [];
+  const once = await new PlanExecuteExecutor({ name: "report", model: onceModel, tools: salesTools([]) }).execute({ taskId: "p13", input: "x" }, { onStep: (step) => onceSteps.push(step) });
+  assert.equal(once.status, "completed");
+  assert.equal(onceModel.requests.length, 3);
+  assert.deepEqual(onceSteps.map((step) => `${step.kind}:${String(step.step ?? step.after ?? "")}:${String(step.ok ?? step.kept ?? "")}`), [
+    "plan::",
+    "plan_step:s1:false",
+    "plan_revision:s1:false",
+    "plan_step:s3:true",
+  ]);
 
   // 修订不能复用已完成步骤的 id；{"keep":true} 在失败之后就是放弃。
   const reuse = new ScriptedModel([reply(wrongMonth), reply(JSON.stringify({ steps: [{ id: "s1", tool: "read_costs", arguments: { month: "2026-11" } }] }))]);
   const reused = await new PlanExecuteExecutor({ name: "report", model: reuse, tools: salesTools([]) }).execute({ taskId: "p4", input: "x" });
   assert.match(reused.error ?? "", /计划修订无效：步骤 id 重复：s1/);
   const keep = new ScriptedModel([reply(wrongMonth), reply('{"keep":true}')]);
-  const kept = await new PlanExecuteExecutor({ name: "report", model: keep, tools: salesTools([]) }).execute({ taskId: "p5", input: "x" });
-  assert.equal(kept.status, "failed");
+  const keepSteps: ExecutionStep[] = [];
+  const kept = await new PlanExecuteExecutor({ name: "report", model: keep, tools: salesTools([]) }).execute({ taskId: "p5", input: "x" }, { onStep: (step) => keepSteps.push(step) });
+  assert.deepEqual([kept.status, kept.output], ["failed", ""]);
   assert.match(kept.error ?? "", /模型选择不修订计划/);
+  assert.deepEqual(keepSteps.at(-1), { kind: "plan_revision", kept: true, after: "s1" });
+  const refused = await new PlanExecuteExecutor({ name: "report", model: new ScriptedModel([reply(wrongMonth), reply('{"keep":false}')]), tools: salesTools([]) }).execute({ taskId: "p14", input: "x" });
+  assert.deepEqual([refused.status, refused.output], ["failed", ""]);
+  assert.match(refused.error ?? "", /计划修订无效/, "{\"keep\":false} 不是合格的修订");
+
+  // 修订或回答那一次模型调用失败：任务失败（取消就是取消），计划留在 details 里。别的错误原样交给调用方。
+  const outcomeWith = (turns: ScriptedTurn[], taskId: string, plan = wrongMonth) =>
+    new PlanExecuteExecutor({ name: "report", model: new ScriptedModel([reply(plan), ...turns]), tools: salesTools([]) }).execute({ taskId, input: "x" });
+  const reviseFails = await outcomeWith([{ stopReason: "error", errorMessage: "rate limited" }], "p15");
+  assert.deepEqual([reviseFails.status, reviseFails.output, reviseFails.error], ["failed", "", "模型调用失败：rate limited"]);
+  assert.deepEqual((reviseFails.details as { plan: { goal: string } }).plan.goal, "比较销售额");
+  const reviseAborted = await outcomeWith([{ stopReason: "aborted", errorMessage: "用户取消" }], "p16");
+  assert.deepEqual([reviseAborted.status, reviseAborted.output], ["cancelled", ""]);
+  const answerFails = await outcomeWith([{ stopReason: "error", errorMessage: "overloaded" }], "p17", PLAN);
+  assert.deepEqual([answerFails.status, answerFails.output, answerFails.error], ["failed", "", "模型调用失败：overloaded"]);
+  const answerAborted = await outcomeWith([{ stopReason: "aborted", errorMessage: "用户取消" }], "p18", PLAN);
+  assert.deepEqual([answerAborted.status, answerAborted.output], ["cancelled", ""]);
+  // 做完的步骤留在修订后的计划里：s1 成功、s2 失败，换上 s3，计划是 s1、s2、s3。
+  const secondFails = JSON.stringify({ goal: "g", steps: [{ id: "s1", tool: "read_sales", arguments: { month: "2026-11" } }, { id: "s2", tool: "read_sales", arguments: { month: "2026-13" } }, { id: "s9", tool: "read_costs", arguments: { month: "2026-13" } }] });
+  const replaced = await outcomeWith([reply(JSON.stringify({ steps: [{ id: "s3", tool: "read_costs", arguments: { month: "2026-11" } }] })), reply("好")], "p22", secondFails);
+  assert.deepEqual((replaced.details as { plan: { steps: Array<{ id: string }> } }).plan.steps.map((step) => step.id), ["s1", "s2", "s3"]);
+  const boom = new Error("日志写不进去");
+  const inner = new ScriptedModel([reply(wrongMonth)]);
+  const brokenLog: Model = {
+    stream(context, streamOptions) {
+      if (inner.requests.length > 0) throw boom;
+      return inner.stream(context, streamOptions);
+    },
+  };
+  await assert.rejects(new PlanExecuteExecutor({ name: "report", model: brokenLog, tools: salesTools([]) }).execute({ taskId: "p19", input: "x" }), boom);
+  // 修订那次调用在 tracker 里标成 revise。
+  const counting = countingTracker("p24");
+  const nodes: string[] = [];
+  const tracker: CallTracker = { ...counting, model: (model, node) => (nodes.push(node), counting.model(model, node)) };
+  await new PlanExecuteExecutor({ name: "report", model: new ScriptedModel([reply(wrongMonth), reply('{"keep":true}')]), tools: salesTools([]) }).execute({ taskId: "p24", input: "x" }, { tracker });
+  assert.deepEqual(nodes, ["plan", "revise"]);
 });
 
 test("Lab 23.2 · 长期记忆的写入审核：没有证据、证据里找不到、证据是失败的调用、与已知事实冲突都被拒绝；只有被接受的事实落盘，重开后还能检索", HANG_GUARD, async () => {
@@ -656,8 +933,69 @@ test("Lab 23.2 · 长期记忆的写入审核：没有证据、证据里找不�
     assert.deepEqual(racing.map((verdict) => verdict.reason), ["new", "conflict"]);
 
     const reopened = await LongTermMemory.open(file);
-    assert.deepEqual(reopened.recall("ord-7").map((item) => item.value), ["杭州"]);
+    assert.deepEqual(reopened.recall("ord-7").map((item) => `${item.subject}:${item.value}`), ["ORD-7:杭州"]);
     assert.equal(reopened.facts().length, 2);
+
+    // 判定的细节：每种 unsupported 都写明是哪一种；空白字段、超过 200 个字符的值是 invalid（恰好 200 个可以）。
+    assert.match((noEvidence as { detail: string }).detail, /没有证据/);
+    assert.match((await memory.propose(fact("杭州", { taskId: "t1", toolCallId: "ghost" }), lookup) as { detail: string }).detail, /t1 里没有工具调用 ghost/);
+    assert.match((await memory.propose(fact("杭州", { taskId: "t1", toolCallId: "c2" }), lookup) as { detail: string }).detail, /c2 失败了/);
+    const long = "长".repeat(MAX_FACT_VALUE);
+    const longLookup = evidenceFromMessages({ t3: [result("c3", `备注：${long}。`)] });
+    const note = (value: string, subject = "ORD-9", attribute = "备注"): MemoryFact => ({ subject, attribute, value, evidence: { taskId: "t3", toolCallId: "c3" } });
+    assert.deepEqual(reviewFact(note(long), [], longLookup), { accepted: true, reason: "new" }, "恰好 200 个字符");
+    assert.equal(reviewFact(note(`${long}长`), [], longLookup).reason, "invalid");
+    assert.equal(reviewFact(note(long, " "), [], longLookup).reason, "invalid");
+    assert.equal(reviewFact(note(long, "ORD-9", "\n"), [], longLookup).reason, "invalid");
+    assert.equal(reviewFact(note(7 as unknown as string), [], longLookup).reason, "invalid", "不是字符串的字段");
+    // 每个拒绝都是 accepted: false，并且写明原因。
+    const verdicts = [
+      noEvidence, notInResult, conflict,
+      await memory.propose(fact(""), lookup),
+      reviewFact(note(`${long}长`), [], longLookup),
+      reviewFact(note(long, " "), [], longLookup),
+      reviewFact(fact("杭州", { taskId: "t1", toolCallId: "ghost" }), [], lookup),
+      reviewFact(fact("杭州", { taskId: "t1", toolCallId: "c2" }), [], lookup),
+    ];
+    for (const verdict of verdicts) assert.ok(!verdict.accepted && verdict.detail !== "", JSON.stringify(verdict));
+    assert.match((verdicts[4] as { detail: string }).detail, /200/);
+    assert.equal(reviewFact(note(long, "ORD  9"), [note(long, "ORD 9")], longLookup).reason, "duplicate", "连续的空白折成一个空格");
+    assert.equal(reviewFact(note(long, "ORD 9"), [note(long, "ORD9")], longLookup).reason, "new", "空白不是被删掉，而是折成一个");
+    assert.equal(reviewFact(note(long), [note(long, "ord-9", "备注 ")], longLookup).reason, "duplicate", "对象与属性同样按大小写与空白归一");
+    assert.equal(reviewFact(note(long), [note(long, "ORD-10")], longLookup).reason, "new", "别的对象的事实不算");
+    assert.equal(reviewFact(note(long), [note(long, "ORD-9", "状态")], longLookup).reason, "new", "别的属性的事实不算");
+    // 证据查询：不认识的任务（包括原型上的名字）查不到；交回的是副本。
+    assert.equal(lookup("t9", "c1"), undefined);
+    assert.equal(lookup("constructor", "c1"), undefined);
+    const copy = lookup("t1", "c1")!;
+    copy.content = [];
+    assert.equal(textOf(lookup("t1", "c1")!), "订单 ORD-7 的收货城市是 杭州");
+    // facts() 交回副本；没给时钟就用真实时间；一次抛错的审核不会卡住排在后面的提议。
+    reopened.facts()[0]!.value = "北京";
+    assert.equal(reopened.facts()[0]!.value, "杭州");
+    await assert.rejects(reopened.propose(fact("杭州", { taskId: "t1", toolCallId: "c1" }), () => {
+      throw new Error("证据库不可用");
+    }), /证据库不可用/);
+    assert.deepEqual(await reopened.propose(note(long), longLookup), { accepted: true, reason: "new" });
+    const last = JSON.parse((await readFile(file, "utf8")).trim().split("\n").at(-1)!) as { at: unknown };
+    assert.equal(typeof last.at, "number");
+
+    // 坏掉的文件：写出是第几行、哪里不对；空行不算。
+    const broken = path.join(dir, "broken.jsonl");
+    const good = JSON.stringify({ fact: fact("杭州"), at: 1 });
+    for (const [body, message] of [
+      [`${good}\n  \n{坏`, /broken\.jsonl 第 3 行不是 JSON/],
+      [`${good}\n[1]`, /第 2 行不是一条长期记忆/],
+      [JSON.stringify({ fact: "杭州", at: 1 }), /第 1 行不是一条长期记忆/],
+      [JSON.stringify({ fact: fact("杭州"), at: "1" }), /第 1 行不是一条长期记忆/],
+      [JSON.stringify({ fact: { subject: "ORD-7", attribute: "收货城市" }, at: 1 }), /第 1 行缺少/],
+      [JSON.stringify({ fact: { subject: "ORD-7", value: "杭州" }, at: 1 }), /第 1 行缺少/],
+      [JSON.stringify({ fact: { attribute: "收货城市", value: "杭州" }, at: 1 }), /第 1 行缺少/],
+    ] as const) {
+      await writeFile(broken, body);
+      await assert.rejects(LongTermMemory.open(broken), message);
+    }
+    await assert.rejects(LongTermMemory.open(dir), (error: unknown) => (error as NodeJS.ErrnoException).code === "EISDIR", "读不了的文件不能当成空的");
   } finally {
     await rm(dir, { recursive: true, force: true });
   }
@@ -676,6 +1014,71 @@ test("Lab 23.2 · 工作记忆：窗口裁掉旧的工具结果之后，抽出�
     { key: "city", value: "杭州", source: "s2" },
   ]);
   assert.ok(Array.isArray(saved[WORKING_MEMORY_KEY]));
+  // 读回时只认形状对的笔记；写进去和读出来的都是副本；键不能为空。
+  assert.equal(WorkingMemory.from(undefined).size, 0);
+  assert.equal(WorkingMemory.from({ [WORKING_MEMORY_KEY]: { key: "a", value: 1, source: "s" } }).size, 0);
+  const loaded = WorkingMemory.from({
+    [WORKING_MEMORY_KEY]: [
+      { key: "ok", value: 1, source: "s1" },
+      { key: "no-value", source: "s1" },
+      { key: 1, value: 1, source: "s1" },
+      { key: "no-source", value: 1 },
+      null,
+      ["ok", 1, "s1"],
+    ],
+  });
+  assert.deepEqual(loaded.entries(), [{ key: "ok", value: 1, source: "s1" }]);
+  assert.throws(() => manual.note("", 1, "s4"), /键不能为空/);
+  const list = ["ORD-9"];
+  manual.note("list", list, "s4");
+  list.push("ORD-10");
+  (manual.get("list") as string[]).push("ORD-11");
+  manual.entries()[2]!.source = "改掉";
+  assert.deepEqual(manual.entries()[2], { key: "list", value: ["ORD-9"], source: "s4" });
+  assert.equal(manual.get("nothing"), undefined);
+  const extensions = { other: 1 };
+  manual.saveTo(extensions);
+  assert.deepEqual(extensions, { other: 1 }, "saveTo 不改动传进来的对象");
+  assert.deepEqual(Object.keys(manual.saveTo(undefined)), [WORKING_MEMORY_KEY]);
+  const patch = manual.section(7);
+  assert.deepEqual(patch, { role: "system", content: "", sections: { [WORKING_MEMORY_SECTION]: manual.render() }, timestamp: 7 });
+  assert.ok(manual.render().split("\n")[0]!.trim() !== "", "第一行说明这是工作记忆");
+  assert.deepEqual(manual.render().split("\n").slice(1), [
+    '- orders（来自 s3）：["ORD-7"]',
+    '- city（来自 s2）："杭州"',
+    '- list（来自 s4）：["ORD-9"]',
+  ]);
+  assert.ok(!new WorkingMemory().render().includes("- "), "空的工作记忆没有笔记行");
+
+  // 从完整对话推导笔记：只看成功的结果、只看有抽取规则的工具（原型上的名字不算），来源是 toolCallId；已有的笔记保留。
+  const toolResult = (toolCallId: string, toolName: string, body: string, isError = false): ToolResultMessage => ({ role: "toolResult", toolCallId, toolName, content: [text(body)], isError, timestamp: 1 });
+  const derived = workingMemoryOf(
+    [
+      toolResult("k1", "query_order", "订单 ORD-7：已发货"),
+      toolResult("k2", "query_order", "订单 ORD-8：查询失败", true),
+      toolResult("k3", "query_tickets", "没有未结工单"),
+      toolResult("k4", "constructor", "x"),
+    ],
+    { query_order: (message) => [{ key: "order", value: textOf(message) }] },
+    manual,
+  );
+  assert.deepEqual(derived.entries().slice(3), [{ key: "order", value: "订单 ORD-7：已发货", source: "k1" }]);
+  assert.equal(derived.size, 4, "已有的三条笔记也在");
+  assert.equal(manual.size, 3, "推导不改动传进来的工作记忆");
+  assert.deepEqual(workingMemoryOf([toolResult("k1", "query_order", "订单 ORD-7：已发货")], { query_order: () => [{ key: "order", value: 1 }] }).entries(), [{ key: "order", value: 1, source: "k1" }]);
+  // 钩子：没有笔记时请求原样不动；有笔记时插在开头所有 system 消息之后。
+  const hook = createWorkingMemoryHooks({ extractors: { query_order: (message) => [{ key: "order", value: textOf(message) }] } });
+  const snapshotWith = (messages: AgentMessage[]) => ({ checkpointAt: 9, context: { messages, extensions: {} } }) as unknown as TaskSnapshot;
+  const request = { messages: [{ role: "system", content: "规则", timestamp: 0 }, { role: "system", content: "", sections: { a: "b" }, timestamp: 0 }, { role: "user", content: [text("问")], timestamp: 0 }] as AgentMessage[], tools: [] };
+  assert.deepEqual(await hook.prepareRequest!(structuredClone(request), snapshotWith([])), request);
+  const patched = await hook.prepareRequest!(structuredClone(request), snapshotWith([toolResult("k1", "query_order", "订单 ORD-7：已发货")]));
+  assert.deepEqual(patched.messages.map((message) => message.role), ["system", "system", "system", "user"]);
+  const inserted = (patched.messages[2] as SystemMessage).sections ?? {};
+  assert.deepEqual(Object.keys(inserted), [WORKING_MEMORY_SECTION]);
+  assert.deepEqual(inserted[WORKING_MEMORY_SECTION]!.split("\n").slice(1), ['- order（来自 k1）："订单 ORD-7：已发货"']);
+  assert.equal(patched.messages[2]!.timestamp, 9);
+  const onlySystem = await hook.prepareRequest!({ messages: [{ role: "system", content: "规则", timestamp: 0 }], tools: [] }, snapshotWith([toolResult("k1", "query_order", "订单 ORD-7：已发货")]));
+  assert.deepEqual(onlySystem.messages.map((message) => message.role), ["system", "system"]);
 
   const dir = await mkdtemp(path.join(tmpdir(), "pi-course-23-working-"));
   try {
