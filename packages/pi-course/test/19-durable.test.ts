@@ -10,6 +10,7 @@ import {
   DurableSession,
   DurableStore,
   StorageRejected,
+  type DurableSnapshot,
   type DurableToolRegistration,
   type DurableWrite,
   type EntryRecord,
@@ -28,6 +29,7 @@ import {
   type AssistantMessage,
   type Model,
   type ModelStream,
+  type ModelStreamOptions,
   type ToolCall,
   type ToolResultMessage,
 } from "../src/types.js";
@@ -58,6 +60,8 @@ interface ManualTurn {
   final?: AssistantMessage;
   hang?: boolean;
   throws?: string;
+  /** 为 true 时每个 text_delta 带的 partial 都写不成 JSON（timestamp 是 NaN）。 */
+  badPartials?: boolean;
 }
 
 function reply(content: AssistantMessage["content"], stopReason: AssistantMessage["stopReason"] = "stop"): AssistantMessage {
@@ -67,14 +71,17 @@ function reply(content: AssistantMessage["content"], stopReason: AssistantMessag
 /** 手动的流式模型：每个 text_delta 带着到目前为止的部分输出。 */
 class ManualModel implements Model {
   readonly requests: AgentContext[] = [];
+  /** 每次请求收到的 signal（没有就是 undefined）。 */
+  readonly signals: (AbortSignal | undefined)[] = [];
   readonly #turns: ManualTurn[];
 
   constructor(turns: ManualTurn[]) {
     this.#turns = turns;
   }
 
-  stream(context: AgentContext): ModelStream {
+  stream(context: AgentContext, options?: ModelStreamOptions): ModelStream {
     this.requests.push(structuredClone(context));
+    this.signals.push(options?.signal);
     const turn = this.#turns[this.requests.length - 1];
     if (turn === undefined) throw new Error("ManualModel 没有更多回合");
     if (turn.throws !== undefined) throw new Error(turn.throws);
@@ -86,7 +93,9 @@ class ManualModel implements Model {
       for (const delta of turn.deltas) {
         sofar += delta;
         partial.content = [text(sofar)];
-        stream.push({ type: "text_delta", contentIndex: 0, delta, partial: structuredClone(partial) });
+        const copy = structuredClone(partial);
+        if (turn.badPartials === true) copy.timestamp = Number.NaN;
+        stream.push({ type: "text_delta", contentIndex: 0, delta, partial: copy });
       }
       if (turn.hang === true) return;
       const final = turn.final ?? reply([text(sofar)]);
@@ -109,6 +118,8 @@ function callingTurn(...calls: ToolCall[]): ManualTurn {
 interface Counting {
   tool: Tool<{ value: string }>;
   calls: { value: string }[];
+  /** 每次执行收到的 context：callId 与有没有 signal。 */
+  contexts: { callId: string; signal: boolean }[];
   /** 第 n 次调用开始时兑现（n 从 1 数）。 */
   started(n: number): Promise<void>;
 }
@@ -119,6 +130,7 @@ interface Counting {
  */
 function countingTool(hangOn: number[] = [], onExecute?: () => void): Counting {
   const calls: { value: string }[] = [];
+  const contexts: { callId: string; signal: boolean }[] = [];
   const starts = new Map<number, Deferred<void>>();
   const startOf = (n: number): Deferred<void> => {
     let entry = starts.get(n);
@@ -134,6 +146,7 @@ function countingTool(hangOn: number[] = [], onExecute?: () => void): Counting {
     schema: objectSchema({ value: stringValue }),
     async execute(parameters, context) {
       calls.push({ ...parameters });
+      contexts.push({ callId: context.callId, signal: context.signal !== undefined });
       const n = calls.length;
       onExecute?.();
       startOf(n).resolve();
@@ -145,7 +158,7 @@ function countingTool(hangOn: number[] = [], onExecute?: () => void): Counting {
       return { content: [text(`echo:${parameters.value}`)], details: { n } };
     },
   };
-  return { tool, calls, started: (n) => startOf(n).promise };
+  return { tool, calls, contexts, started: (n) => startOf(n).promise };
 }
 
 /** 每次提交记一行：entry 写类型，task 写 kind:status:phase；同一批按 put 的顺序。 */
@@ -175,8 +188,15 @@ function ids(prefix = "id"): () => string {
   return () => `${prefix}-${++next}`;
 }
 
-async function open(store: DurableStore, model: Model, tools: DurableToolRegistration[] = [], createId = ids()): Promise<DurableHarness> {
-  return DurableHarness.open({ store, model, tools, createId });
+/** tools 缺省时不传这个键：没有工具的 harness 本来就可以不写它。 */
+async function open(store: DurableStore, model: Model, tools?: DurableToolRegistration[], createId = ids()): Promise<DurableHarness> {
+  return DurableHarness.open({ store, model, ...(tools === undefined ? {} : { tools }), createId });
+}
+
+/** 倒数的数字 id：这样的键在快照（普通对象）里按数值升序排列，恢复后的读取顺序与创建顺序正好相反。 */
+function countdown(start = 100): () => string {
+  let next = start;
+  return () => String(next--);
 }
 
 /** 重新打开：只用快照造一个新的 store，旧对象一个都不带过去。 */
@@ -221,6 +241,7 @@ test("Lab 19.1 · 一个批次要么全写要么全不写；同 id 替换；快�
   );
   const cyclic: Record<string, unknown> = {};
   cyclic.self = cyclic;
+  class Row extends Array<number> {}
   const invalid: unknown[] = [
     { collection: "logs", id: "x", value: 1 },
     { collection: "entries", id: "", value: 1 },
@@ -229,6 +250,13 @@ test("Lab 19.1 · 一个批次要么全写要么全不写；同 id 替换；快�
     { collection: "entries", id: "x", value: { run: () => 1 } },
     { collection: "entries", id: "x", value: cyclic },
     { collection: "entries", id: "x", value: [1, Number.POSITIVE_INFINITY] },
+    { collection: "entries", id: 5, value: 1 },
+    { collection: "entries", id: "x", value: { missing: undefined } },
+    { collection: "entries", id: "x", value: [1, , 2] },
+    { collection: "entries", id: "x", value: Row.of(1) },
+    { collection: "entries", id: "x", value: { [Symbol("s")]: 1 } },
+    { collection: "entries", id: "x", value: { get x() { return 1; } } },
+    null,
   ];
   for (const write of invalid) {
     await assert.rejects(store.commit([write as DurableWrite]), StorageRejected);
@@ -252,6 +280,38 @@ test("Lab 19.1 · 一个批次要么全写要么全不写；同 id 替换；快�
   assert.deepEqual(store.get("tasks", "t"), { s: "x" });
   assert.deepEqual(restored.get("entries", "a"), { n: 2 });
   assert.throws(() => DurableStore.fromSnapshot({ seq: -1, entries: {}, tasks: {} }), StorageRejected);
+  const badSnapshots: unknown[] = [
+    { seq: "2", entries: {}, tasks: {} },
+    { seq: 1.5, entries: {}, tasks: {} },
+    { seq: 0, entries: null, tasks: {} },
+    { seq: 0, entries: {}, tasks: [] },
+    { seq: 0, entries: "x", tasks: {} },
+    { seq: 0, entries: {}, tasks: { t: Number.NaN } },
+    { seq: 0, entries: {} },
+  ];
+  for (const bad of badSnapshots) {
+    assert.throws(() => DurableStore.fromSnapshot(bad as DurableSnapshot), StorageRejected, JSON.stringify(bad));
+  }
+  assert.equal(DurableStore.fromSnapshot({ seq: 0, entries: {}, tasks: {} }).currentSeq, 0);
+  assert.throws(() => store.get("logs" as never, "a"), /未知集合 logs/);
+  assert.throws(() => store.list("logs" as never), /未知集合 logs/);
+
+  // 合法的：原型为 null 的对象、同一个对象出现两次（共享不是循环）、"__proto__" 只是一个普通字段；空批次不是一次提交。
+  const other = new DurableStore();
+  let otherCommits = 0;
+  other.onCommit(() => {
+    otherCommits += 1;
+  });
+  const shared = { k: 1 };
+  const bare = Object.assign(Object.create(null) as Record<string, unknown>, { k: 2 });
+  const odd = JSON.parse('{"__proto__": {"polluted": true}}') as Record<string, unknown>;
+  assert.equal(await other.commit([{ collection: "entries", id: "ok", value: { left: shared, right: shared, bare, odd } as never }]), 1);
+  const stored = other.get("entries", "ok") as Record<string, Record<string, unknown>>;
+  assert.deepEqual([stored.left, stored.right, { ...stored.bare }], [{ k: 1 }, { k: 1 }, { k: 2 }]);
+  assert.deepEqual(Object.keys(stored.odd!), ["__proto__"]);
+  assert.equal(Object.getPrototypeOf(stored.odd), Object.prototype);
+  assert.equal(await other.commit([]), 1);
+  assert.deepEqual([other.currentSeq, otherCommits], [1, 1]);
 
   unsubscribe();
   await store.commit([{ collection: "entries", id: "c", value: null }]);
@@ -352,7 +412,8 @@ test("Lab 19.1 · change 抛错或 store 拒绝都不留下可见的进展；只
 test("Lab 19.2 · prompt 是一次提交；run 按生命周期推进、清空检查点；没有任务时 run 什么都不提交", HANG_GUARD, async () => {
   const store = new DurableStore();
   const log = commitLog(store);
-  const model = new ManualModel([{ deltas: ["Hello"] }]);
+  // 最终回复里值为 undefined 的键：写进记录时省略，回复照常落盘。
+  const model = new ManualModel([{ deltas: ["Hello"], final: { ...reply([text("Hello")]), errorMessage: undefined } }]);
   const harness = await open(store, model);
   assert.equal(store.currentSeq, 0);
 
@@ -371,8 +432,13 @@ test("Lab 19.2 · prompt 是一次提交；run 按生命周期推进、清空检
     "4:entry:assistant 4:generation:completed:request",
   ]);
   // 流里的部分输出只在检查点里活到最终提交：完成之后检查点回到只有 phase。
-  assert.deepEqual(harness.tasks()[0]?.checkpoint, { phase: "request" });
+  assert.deepEqual(harness.tasks(), [
+    { id: "id-2", kind: "generation", conversationId: "c1", order: 1, status: "completed", input: { inputEntryCount: 1 }, checkpoint: { phase: "request" } },
+  ]);
   assert.deepEqual(texts(harness, "c1"), ["hi", "Hello"]);
+  assert.equal(Object.hasOwn(harness.messages("c1")[1]!, "errorMessage"), false);
+  // 没有 signal 的 run 不给模型 signal。
+  assert.deepEqual(model.signals, [undefined]);
   assert.deepEqual(model.requests.map((request) => request.messages.length), [1]);
   assert.deepEqual(harness.entries("c2"), []);
 
@@ -384,11 +450,13 @@ test("Lab 19.2 · prompt 是一次提交；run 按生命周期推进、清空检
 test("Lab 19.2 · 第 6 次提交时崩溃：重新打开只把 running 放回 pending，再把第二轮做完", HANG_GUARD, async () => {
   const store = new DurableStore();
   const model = new ManualModel([{ deltas: ["one done"] }, { deltas: ["two done"] }]);
-  const first = await open(store, model);
+  // 倒数的数字 id：重新打开之后记录的读取顺序与创建顺序相反，任务仍按 order、entry 仍按 index 排。
+  const first = await open(store, model, undefined, countdown());
   await first.prompt("c1", "one");
   await first.run();
   await first.prompt("c1", "two");
   assert.equal(store.currentSeq, 5);
+  assert.deepEqual(first.tasks().map((task) => task.order), [1, 2]);
 
   const controller = new AbortController();
   crashAt(store, 6, controller);
@@ -407,7 +475,7 @@ test("Lab 19.2 · 第 6 次提交时崩溃：重新打开只把 running 放回 p
 
   await second.run();
   assert.deepEqual(texts(second, "c1"), ["one", "one done", "two", "two done"]);
-  assert.deepEqual(second.tasks().map((task) => task.status), ["completed", "completed"]);
+  assert.deepEqual(second.tasks().map((task) => [task.order, task.status]), [[1, "completed"], [2, "completed"]]);
   assert.deepEqual(model.requests.map((request) => request.messages.map((message) => textOf(message))), [
     ["one"],
     ["one", "one done", "two"],
@@ -451,12 +519,17 @@ test("Lab 19.3 · 执行意图先于执行提交：一次 run 走完工具往返
   // 工具开始执行时，意图（解析后的参数与重放策略）已经是第 6 次提交的事实。
   assert.deepEqual(seenAtExecute, [{ seq: 6, checkpoint: { phase: "execute", arguments: { value: "x" }, replay: "safe" } }]);
   assert.deepEqual(echo.calls, [{ value: "x" }]);
+  // 工具拿到这次调用的 callId；run 没有 signal，工具也没有。
+  assert.deepEqual(echo.contexts, [{ callId: "call-1", signal: false }]);
   assert.deepEqual(harness.messages("c1").map((message) => message.role), ["user", "assistant", "toolResult", "assistant"]);
   assert.deepEqual(lastToolResult(harness, "c1").content, [text("echo:x")]);
+  assert.equal(lastToolResult(harness, "c1").isError, false);
   assert.deepEqual(toolTasks(harness)[0]?.input, { assistantEntryId: "id-3", callId: "call-1" });
   // 第二次请求看到结果，工具定义来自登记的工具。
   assert.deepEqual(model.requests[1]?.messages.map((message) => message.role), ["user", "assistant", "toolResult"]);
-  assert.deepEqual(model.requests[1]?.tools?.map((tool) => tool.name), ["echo"]);
+  assert.deepEqual(model.requests[1]?.tools, [{ name: "echo", description: "Echo the value back.", parameters: echo.tool.schema.jsonSchema }]);
+  // 同名的两个登记：打开就失败。
+  await assert.rejects(open(new DurableStore(), model, [{ tool: echo.tool }, { tool: echo.tool }]), /echo/);
 });
 
 test("Lab 19.3 · safe 工具在执行中崩溃：重新打开后用记下的参数恰好重跑一次", HANG_GUARD, async () => {
@@ -469,8 +542,12 @@ test("Lab 19.3 · safe 工具在执行中崩溃：重新打开后用记下的参
   const controller = new AbortController();
   const running = first.run({ signal: controller.signal });
   await echo.started(1);
+  // 同一时间只允许一个 run。
+  await assert.rejects(first.run());
   controller.abort();
   await running;
+  assert.deepEqual(echo.contexts, [{ callId: "call-1", signal: true }]);
+  assert.equal(model.signals[0], controller.signal);
 
   // 因取消而失败的工具不留下结果：任务还是 running，检查点还是 execute。
   const stuck = toolTasks(first)[0]!;
@@ -490,6 +567,17 @@ test("Lab 19.3 · safe 工具在执行中崩溃：重新打开后用记下的参
   assert.deepEqual(lastToolResult(second, "c1").details, { n: 2 });
   assert.deepEqual(toolTasks(second).map((task) => task.status), ["completed"]);
   assert.deepEqual(texts(second, "c1").at(-1), "after rerun");
+
+  // 记录坏了就大声失败，不去猜：assistant entry 不见了，或者里面没有这个 callId。
+  const registrations = [{ tool: echo.tool, replay: "safe" as const }];
+  const noEntry = store.snapshot();
+  delete noEntry.entries[stuck.input.assistantEntryId];
+  await assert.rejects((await open(DurableStore.fromSnapshot(noEntry), model, registrations, ids("x"))).run(), /未知 entry/);
+  const noCall = store.snapshot();
+  const renamed = noCall.entries[stuck.input.assistantEntryId] as unknown as EntryRecord;
+  ((renamed.entry.message as AssistantMessage).content[1] as ToolCall).id = "call-2";
+  await assert.rejects((await open(DurableStore.fromSnapshot(noCall), model, registrations, ids("y"))).run(), /没有 tool call call-1/);
+  assert.equal(echo.calls.length, 2);
 });
 
 test("Lab 19.3 · 三种不安全的组合都不重跑：记下 interrupted，对话照常继续", HANG_GUARD, async () => {
@@ -526,26 +614,121 @@ test("Lab 19.3 · 三种不安全的组合都不重跑：记下 interrupted，�
     assert.deepEqual(texts(second, "c1").at(-1), "carry on", label);
   }
 
+  // 执行到一半时崩溃、重新打开时工具已不再登记：不重跑，记 interrupted；同一条 assistant 的另一个调用得到 unknown_tool，
+  // 一个 failed、一个 completed，两个都结束之后才有下一轮。
+  {
+    const store = new DurableStore();
+    const echo = countingTool([1]);
+    const model = new ManualModel([callingTurn(echoCall("k1", "x"), echoCall("k2", "y")), { deltas: ["moved on"] }]);
+    const first = await open(store, model, [{ tool: echo.tool, replay: "safe" }]);
+    await first.prompt("c1", "two calls");
+    const controller = new AbortController();
+    const running = first.run({ signal: controller.signal });
+    await echo.started(1);
+    controller.abort();
+    await running;
+    const second = await open(reopenStore(store), model, [], ids("re"));
+    await second.run();
+    assert.equal(echo.calls.length, 1);
+    const results = second.messages("c1").filter((message): message is ToolResultMessage => message.role === "toolResult");
+    assert.deepEqual(results.map((result) => [result.toolCallId, (result.details as { error: string }).error]), [
+      ["k1", "interrupted"],
+      ["k2", "unknown_tool"],
+    ]);
+    assert.deepEqual(toolTasks(second).map((task) => task.status), ["failed", "completed"]);
+    assert.equal(texts(second, "c1").at(-1), "moved on");
+  }
+  // 两段对话交错：c1 的工具结果只等同一条 assistant 的调用，不等 c2 还没做的工具。
+  {
+    const echo = countingTool();
+    const model = new ManualModel([callingTurn(echoCall("a1", "x")), callingTurn(echoCall("b1", "y")), { deltas: ["c1 done"] }, { deltas: ["c2 done"] }]);
+    const harness = await open(new DurableStore(), model, [{ tool: echo.tool }]);
+    await harness.prompt("c1", "first");
+    await harness.prompt("c2", "second");
+    await harness.run();
+    assert.deepEqual([texts(harness, "c1").at(-1), texts(harness, "c2").at(-1)], ["c1 done", "c2 done"]);
+    assert.deepEqual(echo.calls, [{ value: "x" }, { value: "y" }]);
+  }
+  // 提交执行意图的那一刻崩溃：工具一次都没跑；重新打开后（默认 unsafe）照样记 interrupted，不跑。
+  {
+    const store = new DurableStore();
+    const echo = countingTool();
+    const model = new ManualModel([callingTurn(echoCall("i1", "x")), { deltas: ["after intent"] }]);
+    const first = await open(store, model, [{ tool: echo.tool }]);
+    await first.prompt("c1", "echo x");
+    const controller = new AbortController();
+    crashAt(store, 6, controller);
+    await first.run({ signal: controller.signal });
+    assert.deepEqual(toolTasks(first).map((task) => [task.status, task.checkpoint.phase]), [["running", "execute"]]);
+    const second = await open(reopenStore(store), model, [{ tool: echo.tool }], ids("re"));
+    await second.run();
+    assert.equal(echo.calls.length, 0);
+    assert.equal((lastToolResult(second, "c1").details as { error: string }).error, "interrupted");
+    assert.equal(texts(second, "c1").at(-1), "after intent");
+  }
+
   // 没有登记的工具、解析不了的参数：都得到配对的错误结果，任务 completed，对话继续。
+  // raw 没有 jsonSchema（声明成 { type: "object" }）：解析出的 undefined 字段不进意图；解析结果写不成 JSON 是 invalid_arguments，
+  // 抛错是 tool_error，结果写不成 JSON 是 unrecordable_result。
+  const rawCalls: Record<string, unknown>[] = [];
+  const raw: Tool<Record<string, unknown>> = {
+    name: "raw",
+    description: "Take raw arguments.",
+    schema: {
+      parse: (value) => ((value as { mode?: unknown }).mode === "date" ? { when: new Date(0) } : { ...(value as object), note: undefined }),
+    },
+    async execute(parameters) {
+      rawCalls.push(parameters);
+      if (parameters.mode === "throw") throw new Error("raw exploded");
+      if (parameters.mode === "bad") return { content: [text("bad")], details: { get when() { return 0; } } };
+      return { content: [text("raw ok")] };
+    },
+  };
+  const rawCall = (id: string, mode: string): ToolCall => ({ type: "toolCall", id, name: "raw", arguments: { mode } });
   const store = new DurableStore();
   const echo = countingTool();
   const model = new ManualModel([
-    callingTurn({ type: "toolCall", id: "m1", name: "missing", arguments: {} }, echoCall("m2", 5)),
+    callingTurn(
+      { type: "toolCall", id: "m1", name: "missing", arguments: {} },
+      echoCall("m2", 5),
+      rawCall("m3", "date"),
+      rawCall("m4", "throw"),
+      rawCall("m5", "bad"),
+      rawCall("m6", "ok"),
+    ),
     { deltas: ["noted"] },
   ]);
-  const harness = await open(store, model, [{ tool: echo.tool }]);
+  const harness = await open(store, model, [{ tool: echo.tool }, { tool: raw }]);
   await harness.prompt("c1", "try");
   await harness.run();
   const results = harness.messages("c1").filter((message): message is ToolResultMessage => message.role === "toolResult");
-  assert.deepEqual(results.map((result) => [result.toolCallId, (result.details as { error: string }).error]), [
-    ["m1", "unknown_tool"],
-    ["m2", "invalid_arguments"],
+  assert.deepEqual(results.map((result) => [result.toolCallId, (result.details as { error?: string } | undefined)?.error ?? null, result.isError]), [
+    ["m1", "unknown_tool", true],
+    ["m2", "invalid_arguments", true],
+    ["m3", "invalid_arguments", true],
+    ["m4", "tool_error", true],
+    ["m5", "unrecordable_result", true],
+    ["m6", null, false],
   ]);
   assert.deepEqual(results[0]?.content, [text("Tool missing failed: 未知工具")]);
-  assert.deepEqual(toolTasks(harness).map((task) => [task.status, task.checkpoint.phase]), [["completed", "call"], ["completed", "call"]]);
+  assert.deepEqual(results[3]?.content, [text("Tool raw failed: raw exploded")]);
+  assert.deepEqual(results[5]?.content, [text("raw ok")]);
+  assert.match(results[4]!.content[0]!.text, /JSON/);
+  assert.deepEqual(toolTasks(harness).map((task) => [task.status, task.checkpoint.phase]), [
+    ["completed", "call"],
+    ["completed", "call"],
+    ["completed", "call"],
+    ["completed", "execute"],
+    ["completed", "execute"],
+    ["completed", "execute"],
+  ]);
+  assert.deepEqual(toolTasks(harness)[5]?.checkpoint, { phase: "execute", arguments: { mode: "ok" }, replay: "unsafe" });
   assert.equal(echo.calls.length, 0);
-  // 两个结果都写完之后才有下一轮 generation：它看到两条结果。
-  assert.deepEqual(model.requests[1]?.messages.map((message) => message.role), ["user", "assistant", "toolResult", "toolResult"]);
+  assert.deepEqual(rawCalls.map((call) => call.mode), ["throw", "bad", "ok"]);
+  assert.deepEqual(model.requests[0]?.tools?.find((tool) => tool.name === "raw")?.parameters, { type: "object" });
+  // 所有结果都写完之后才有下一轮 generation：它看到全部六条结果。
+  assert.deepEqual(model.requests[1]?.messages.map((message) => message.role), ["user", "assistant", ...results.map(() => "toolResult")]);
+  assert.equal(results.length, 6);
   assert.equal(texts(harness, "c1").at(-1), "noted");
 });
 
@@ -574,10 +757,20 @@ test("Lab 19.4 · 部分输出逐段提交；崩溃只留下 user；恢复时先
   assert.equal(textOf((checkpoints[0] as { partial: AssistantMessage }).partial), "Hello");
   assert.deepEqual(first.messages("c1").map((message) => textOf(message)), ["greet"]);
 
+  // 先在一份副本上试：恢复的那次提交（补上 aborted 回复、清掉检查点）时再崩溃一次，不发请求。
+  const copy = reopenStore(store);
+  const recoverLog = commitLog(copy);
+  const again = new AbortController();
+  crashAt(copy, 7, again);
+  await (await open(copy, model, [], ids("copy"))).run({ signal: again.signal });
+  assert.deepEqual(recoverLog, ["5:generation:pending:request", "6:generation:running:request", "7:entry:assistant 7:generation:running:request"]);
+  assert.equal(model.requests.length, 1);
+
   const restored = reopenStore(store);
   const second = await open(restored, model, [], ids("re"));
   await second.run();
 
+  assert.deepEqual(second.entries("c1").map((record) => record.entry.type), ["user", "assistant", "assistant"]);
   const messages = second.messages("c1") as AssistantMessage[];
   assert.deepEqual(messages.map((message) => [message.role, textOf(message), message.stopReason ?? null]), [
     ["user", "greet", null],
@@ -589,6 +782,32 @@ test("Lab 19.4 · 部分输出逐段提交；崩溃只留下 user；恢复时先
   assert.equal(model.requests.length, 2);
   assert.deepEqual(model.requests[1], model.requests[0]);
   assert.equal(model.requests[0]?.messages.length, 1);
+
+  // 模型吐完一段之后挂住、也不理会 signal，而信号在它等待下一段时才触发（不在任何提交的那一刻）：run 照样返回，不再提交。
+  const hangStore = new DurableStore();
+  const partialCommitted = deferred();
+  hangStore.onCommit((seq) => {
+    if (seq === 3) partialCommitted.resolve();
+  });
+  const third = await open(hangStore, new ManualModel([{ deltas: ["stuck"], hang: true }]));
+  await third.prompt("c1", "wait");
+  const stop = new AbortController();
+  const waiting = third.run({ signal: stop.signal });
+  await partialCommitted.promise;
+  await new Promise((done) => setImmediate(done));
+  stop.abort();
+  await waiting;
+  assert.equal(hangStore.currentSeq, 3);
+  assert.deepEqual(third.tasks().map((task) => task.status), ["running"]);
+
+  // 写不成 JSON 的 partial 不进检查点（跳过那次提交），最终回复照常落盘。
+  const badStore = new DurableStore();
+  const badLog = commitLog(badStore);
+  const fourth = await open(badStore, new ManualModel([{ deltas: ["a", "b"], badPartials: true }]));
+  await fourth.prompt("c1", "odd");
+  await fourth.run();
+  assert.deepEqual(badLog, ["1:entry:user 1:generation:pending:request", "2:generation:running:request", "3:entry:assistant 3:generation:completed:request"]);
+  assert.deepEqual(texts(fourth, "c1"), ["odd", "ab"]);
 });
 
 test("Lab 19.4 · 模型失败变成一条持久化的 error 回复，不产生后续任务；下一次 prompt 接着对话", HANG_GUARD, async () => {
@@ -600,6 +819,7 @@ test("Lab 19.4 · 模型失败变成一条持久化的 error 回复，不产生�
 
   const failed = harness.messages("c1").at(-1) as AssistantMessage;
   assert.deepEqual([failed.role, failed.stopReason, failed.errorMessage], ["assistant", "error", "upstream down"]);
+  assert.deepEqual(failed.content, []);
   assert.deepEqual(harness.tasks().map((task) => [task.kind, task.status, task.error]), [["generation", "failed", "upstream down"]]);
   const seq = store.currentSeq;
   await harness.run();
@@ -611,4 +831,22 @@ test("Lab 19.4 · 模型失败变成一条持久化的 error 回复，不产生�
   assert.deepEqual(texts(harness, "c1"), ["first", "", "again", "back again"]);
   assert.deepEqual(model.requests[1]?.messages.map((message) => message.role), ["user", "assistant", "user"]);
   assert.deepEqual(harness.tasks().map((task) => task.status), ["failed", "completed"]);
+
+  // 以 aborted 结束的回复（即使带着工具调用）也让 generation failed，错误说出结束原因，不产生工具任务；
+  // 写不成 JSON 的最终回复换成一条没有内容的 error 回复。
+  const odd = new ManualModel([
+    { deltas: ["half"], final: reply([text("half"), echoCall("x1", "y")], "aborted") },
+    { deltas: [], final: { ...reply([text("bad")]), timestamp: Number.NaN } },
+  ]);
+  const oddHarness = await open(new DurableStore(), odd);
+  await oddHarness.prompt("c1", "go");
+  await oddHarness.run();
+  await oddHarness.prompt("c1", "again");
+  await oddHarness.run();
+  assert.deepEqual(oddHarness.tasks().map((task) => [task.kind, task.status]), [["generation", "failed"], ["generation", "failed"]]);
+  assert.match(oddHarness.tasks()[0]!.error!, /aborted/);
+  const unrecordable = oddHarness.messages("c1").at(-1) as AssistantMessage;
+  assert.deepEqual([unrecordable.stopReason, unrecordable.content], ["error", []]);
+  assert.match(unrecordable.errorMessage!, /JSON/);
+  assert.equal(oddHarness.tasks()[1]!.error, unrecordable.errorMessage);
 });
