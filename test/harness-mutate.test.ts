@@ -28,10 +28,10 @@ after(async () => {
 
 const byId = (id: string) => checkpoints.find((c) => c.id === id)!;
 
-test("mutate 的判定测试：引入文件的章与之后扩展它的每一章；不属于本章的文件被拒绝并列出本章的教学文件", () => {
+test("mutate 的判定测试：引入文件的章与之后扩展它的每一章（作为教学文件或 fixture）；不属于本章的文件被拒绝并列出本章的教学文件", () => {
   for (const c of checkpoints) {
     for (const target of mutationTargets(checkpoints, c)) {
-      const teaching = checkpoints.filter((other) => other.teachingFiles.includes(target.file));
+      const teaching = checkpoints.filter((other) => other.teachingFiles.includes(target.file) || other.fixtures.includes(target.file));
       assert.deepEqual(target.chapters, teaching.map((t) => t.id), target.file);
       assert.ok(target.chapters.includes(c.id));
       assert.deepEqual(target.tests, teaching.map((t) => t.focusedTest.replace(`${PACKAGE}/test/`, `${PACKAGE}/dist/test/`).replace(/\.ts$/, ".js")));
@@ -46,6 +46,8 @@ test("mutate 的判定测试：引入文件的章与之后扩展它的每一章�
   assert.equal(first.length, 1);
   assert.deepEqual(first, last);
   assert.ok(first[0]!.chapters.length >= 2);
+  // Chapter 22 ships its own task-runner.ts as a fixture: its tests judge chapter 21's file as well.
+  assert.deepEqual(mutationTargets(checkpoints, byId("21"), "task-runner.ts")[0]!.chapters, ["21", "22"]);
   const c01 = byId("01");
   assert.throws(() => mutationTargets(checkpoints, c01, "agent.ts"), (error: Error) => error.message.includes("survival/events.ts"));
   // --all: every teaching file once.

@@ -32,7 +32,8 @@ export const RUNNER_REPORTER = "pi-course-mutate-reporter.mjs";
 
 /**
  * The files of chapter `c` (or just `file`: a repository path, a path below packages/pi-course, or a base name),
- * each with every chapter that teaches it: the one that introduces it and every one that extends it.
+ * each with every chapter that teaches it: the one that introduces it and every one that extends it, as a teaching
+ * file or as a fixture.
  */
 export function mutationTargets(checkpoints: Checkpoint[], c: Checkpoint, file?: string): MutationTarget[] {
   let files = c.teachingFiles;
@@ -45,7 +46,9 @@ export function mutationTargets(checkpoints: Checkpoint[], c: Checkpoint, file?:
     files = match;
   }
   return files.map((f) => {
-    const teaching = checkpoints.filter((other) => other.teachingFiles.includes(f));
+    // A later chapter can also extend a file by shipping its new version as a fixture (22 does so with 21's
+    // task-runner.ts): its tests judge the code it added, so they judge the file too.
+    const teaching = checkpoints.filter((other) => other.teachingFiles.includes(f) || other.fixtures.includes(f));
     return {
       file: f, chapters: teaching.map((t) => t.id), tests: teaching.map((t) => compiledTest(t.focusedTest)),
       expectedTests: teaching.reduce((sum, t) => sum + totalTests(t), 0),
