@@ -1,17 +1,19 @@
 import assert from "node:assert/strict";
 import test from "node:test";
+import { Worker } from "node:worker_threads";
 import { runAgentLoop } from "../src/agent-loop.js";
 import {
   CODEMODE_TOOL_NAME,
   createCodemodeTool,
   createNestedToolBridge,
+  loadQuickJSWasm,
   runCodemodeScript,
   type CodemodeScriptOptions,
   type CodemodeScriptResult,
   type CodemodeScriptTool,
   type CodemodeToolDetails,
 } from "../src/codemode.js";
-import { MAX_OUTPUT_CHARS, MAX_OUTPUT_ITEMS } from "../src/codemode-protocol.js";
+import { MAX_OUTPUT_CHARS, MAX_OUTPUT_ITEMS, type CodemodeWorkerData, type WorkerToHostMessage } from "../src/codemode-protocol.js";
 import { ScriptedModel } from "../src/scripted-model.js";
 import {
   executeToolCall,
@@ -115,6 +117,44 @@ async function untilStarted(started: Promise<void>, running: Promise<unknown>): 
   ]);
 }
 
+/**
+ * 不经过宿主的 Execution，直接按协议驱动编译后的 worker：收下它发来的每条消息，直到 done 或 crash
+ * （5 秒没有下文就带着已收到的消息返回，让断言说出少了什么）。steer 在每条消息之后被调用，可以写中断标志或回消息。
+ */
+async function driveWorker(
+  code: string,
+  steer: (message: WorkerToHostMessage, worker: Worker, interrupt: Int32Array) => void = () => {},
+  wasm?: WebAssembly.Module,
+): Promise<WorkerToHostMessage[]> {
+  const interrupt = new SharedArrayBuffer(Int32Array.BYTES_PER_ELEMENT);
+  const data: CodemodeWorkerData = {
+    code,
+    tools: [{ name: "ping", description: "回一声" }],
+    wasm: wasm ?? (await loadQuickJSWasm()),
+    memoryLimitBytes: 64 * 1024 * 1024,
+    interrupt,
+  };
+  const worker = new Worker(new URL("../src/codemode-worker.js", import.meta.url), { workerData: data, execArgv: [] });
+  const received: WorkerToHostMessage[] = [];
+  try {
+    await new Promise<void>((resolve) => {
+      const timer = setTimeout(resolve, 5_000);
+      worker.on("message", (message: WorkerToHostMessage) => {
+        received.push(message);
+        if (message.type === "done" || message.type === "crash") {
+          clearTimeout(timer);
+          resolve();
+          return;
+        }
+        steer(message, worker, new Int32Array(interrupt));
+      });
+    });
+  } finally {
+    await worker.terminate();
+  }
+  return received;
+}
+
 function codemodeCall(id: string, code: string): ToolCall {
   return { type: "toolCall", id, name: CODEMODE_TOOL_NAME, arguments: { code } };
 }
@@ -156,6 +196,10 @@ test("Lab 16.1 · 往返：返回值、输出和调用记录都回到宿主，�
 
   const nothing = await run("console.log('只打印，不返回');");
   assert.deepEqual(nothing, { ok: true, value: undefined, output: ["只打印，不返回"], calls: [] });
+
+  // 工具什么都不返回：脚本里 await 得到的就是 undefined。
+  const quiet = await run("const reply = await tools.noop({});\nreturn reply === undefined;", { tools: new Map([["noop", recordingTool(() => undefined)]]) });
+  assert.deepEqual(quiet, { ok: true, value: true, output: [], calls: [{ name: "noop", status: "ok" }] });
 });
 
 test("Lab 16.1 · 抛错、语法错误和工具失败都只是 ok:false 的结果；工具失败在脚本里可以 catch", SLOW, async () => {
@@ -175,6 +219,34 @@ test("Lab 16.1 · 抛错、语法错误和工具失败都只是 ok:false 的结�
     assert.equal(syntax.error.kind, "script");
     assert.equal(syntax.error.name, "SyntaxError");
   }
+  // 语法错误的 stack 同样是“名字: 消息”加虚拟机的帧，行号就是脚本自己的行号。
+  const late = await run("const a = 1;\n\nlet b = ;");
+  assert.equal(late.ok, false);
+  if (!late.ok) {
+    assert.equal(late.error.name, "SyntaxError");
+    assert.equal(late.error.stack, `SyntaxError: ${late.error.message}\n    at codemode-script.js:3:9`);
+  }
+
+  // worker 自己：宿主写下中断标志后，无论脚本卡在 run 里还是清空微任务队列时，worker 都报告一条 done ok:false；
+  // 宿主发来不合协议的消息、模块不是 QuickJS 时，worker 报告 crash。
+  const stop = (message: WorkerToHostMessage, _worker: Worker, interrupt: Int32Array): void => {
+    if (message.type === "output") Atomics.store(interrupt, 0, 1);
+  };
+  for (const spin of ["console.log('spinning');\nfor (;;) {}", "await null;\nconsole.log('spinning');\nfor (;;) {}"]) {
+    const messages = await driveWorker(spin, stop);
+    assert.deepEqual(messages.map((message) => message.type), ["output", "done"], spin);
+    const done = messages[1];
+    assert.ok(done?.type === "done" && !done.ok, JSON.stringify(done));
+    if (done?.type === "done" && !done.ok) assert.match((JSON.parse(done.error) as { message: string }).message, /interrupted/);
+  }
+  const malformed = await driveWorker("await tools.ping({});", (message, worker) => {
+    if (message.type === "call") worker.postMessage({ type: "result", id: "not a number", ok: true });
+  });
+  assert.deepEqual(malformed.map((message) => message.type), ["call", "crash"]);
+  assert.match(malformed[1]?.type === "crash" ? malformed[1].message : "", /malformed/);
+  const notQuickJS = await driveWorker("return 1;", undefined, await WebAssembly.compile(new Uint8Array([0, 97, 115, 109, 1, 0, 0, 0])));
+  assert.deepEqual(notQuickJS.map((message) => message.type), ["crash"]);
+  assert.match(notQuickJS[0]?.type === "crash" ? notQuickJS[0].message : "", /\S/);
 
   const tools = new Map([["explode", recordingTool(() => { throw new Error("explode: disk on fire"); })]]);
   const caught = await run(
@@ -205,6 +277,8 @@ test("Lab 16.1 · 每次执行都是一台新虚拟机；16 MiB 上限下耗尽�
   if (!hog.ok) {
     assert.equal(hog.error.kind, "script");
     assert.match(hog.error.message, /out of memory/);
+    assert.ok(hog.error.stack?.startsWith(`${hog.error.name}: ${hog.error.message}\n`), hog.error.stack);
+    assert.match(hog.error.stack ?? "", /codemode-script\.js:1:/);
   }
 
   const deep = await run("function down(n) { return down(n + 1) + 1; }\ntry { down(0); } catch (error) { return error.name; }");
