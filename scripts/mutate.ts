@@ -78,6 +78,7 @@ await main(async (args) => {
   const started = Date.now();
   const scores: FileScore[] = [];
   const missing: string[] = [];
+  const entries: Array<FileScore | string> = []; // the table's rows, in the order of the targets
   for (const target of targets) {
     const short = target.file.slice(PACKAGE_DIR.length + 1);
     const inputs = mutationKey(ROOT, target, hashes);
@@ -87,10 +88,12 @@ await main(async (args) => {
       console.log(`\n${short}：输入与 ${score.reusedFrom} 相同，沿用它的结果（--fresh 重新运行）`);
       console.log(formatFileScore(score));
       scores.push(score);
+      entries.push(score);
       continue;
     }
     if (cached) {
       missing.push(target.file);
+      entries.push(target.file);
       continue;
     }
     console.log(`\n变异 ${short}，用第 ${target.chapters.join("、")} 章的聚焦测试判定…`);
@@ -98,6 +101,7 @@ await main(async (args) => {
     const measured = await withTempDir("mutate", (dir) => mutateOne(dir, target, base, concurrency));
     const score: FileScore = { ...measured, inputs, ...(firstOf.has(target.file) ? { first: firstOf.get(target.file)! } : {}) };
     scores.push(score);
+    entries.push(score);
     console.log(formatFileScore(score));
     const previous = latest.get(target.file);
     if (previous !== undefined) console.log(`  （上次 ${percent(previous)}）`);
@@ -106,11 +110,11 @@ await main(async (args) => {
     const report: Report = { createdAt: new Date().toISOString(), command: `mutate ${process.argv.slice(2).join(" ")}`.trim(), files: scores };
     const reportFile = path.join(reportDir, `${name}.json`);
     await fs.writeFile(reportFile, `${JSON.stringify(report, null, 2)}\n`);
-    console.log(`\n${formatSummaryTable(scores, first)}`);
+    console.log(`\n${formatSummaryTable(entries, first)}`);
     console.log(`\n用时 ${((Date.now() - started) / 1000).toFixed(0)} s。报告：${path.relative(ROOT, reportFile)}（得分与存活的变异体），` +
       `每个文件的 Stryker HTML 报告在 ${REPORT_DIR}/ 下。存活的变异体若与原代码等价，在 checkpoints/NN-*/mutants.md 里写一行理由。`);
   } else {
-    console.log(`\n${formatSummaryTable(scores, first, missing)}`);
+    console.log(`\n${formatSummaryTable(entries, first)}`);
     console.log(missing.length === 0
       ? `\n每个文件都有输入相同的结果（${REPORT_DIR}/ 里的报告）。`
       : `\n${missing.length} 个文件没有输入相同的结果；去掉 --cached 运行它们。`);

@@ -98,8 +98,9 @@ test("得分与存活行：杀死 + 超时 除以有效变异体，存活的写�
   const text = formatFileScore(score);
   assert.match(text, /^src\/f\.ts（第 04 章的测试）：5 个变异体 · 杀死 1 · 超时 1 · 存活 2 · 无效 1 · 得分 50\.0 %$/m);
   assert.match(text, /^ {2}src\/f\.ts:2 {2}a > 1 → true$/m);
-  const table = formatSummaryTable([score, { ...score, file: `${PACKAGE}/src/g.ts`, reusedFrom: ".mutation/04.json（2026-12-01 18:00）" }],
-    new Map([[target.file, 40]]), [`${PACKAGE}/src/h.ts`]);
+  const table = formatSummaryTable([score, `${PACKAGE}/src/h.ts`, { ...score, file: `${PACKAGE}/src/g.ts`, reusedFrom: ".mutation/04.json（2026-12-01 18:00）" }],
+    new Map([[target.file, 40]]));
+  assert.deepEqual(table.split("\n").map((line) => line.split(" ")[0]), ["文件", "src/f.ts", "src/h.ts", "src/g.ts"], "行按给定的顺序");
   assert.match(table, /^src\/f\.ts\s+5\s+2\s+2\s+50\.0 %\s+40\.0 %\s+本次运行$/m);
   assert.match(table, /^src\/g\.ts\s+5\s+2\s+2\s+50\.0 %\s+—\s+沿用 \.mutation\/04\.json（2026-12-01 18:00）$/m);
   assert.match(table, /^src\/h\.ts\s+—\s+—\s+—\s+—\s+—\s+未测：没有输入相同的结果$/m);

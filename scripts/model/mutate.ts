@@ -236,18 +236,22 @@ export function formatFileScore(s: FileScore): string {
 }
 
 /**
- * The closing table of several files: `first` holds each file's first recorded score (the "before" of a file whose
- * tests were strengthened since), `missing` files that have no score (a `--cached` run lists them without one).
+ * The closing table of several files, one row per entry in the order given: a score, or the path of a file that has
+ * none (a `--cached` run lists those without running them). `first` holds the oldest score the reports at hand
+ * remember for each file (reports carry it along; see FileScore.first).
  */
-export function formatSummaryTable(scores: FileScore[], first: Map<string, number> = new Map(), missing: string[] = []): string {
+export function formatSummaryTable(entries: Array<FileScore | string>, first: Map<string, number> = new Map()): string {
   const short = (file: string): string => (file.startsWith(`${PACKAGE_DIR}/`) ? file.slice(PACKAGE_DIR.length + 1) : file);
-  const rows = [["文件", "变异体", "杀死", "存活", "得分", "首次测得", "结果"]];
-  for (const s of scores) {
-    const previous = first.get(s.file);
+  const earliest = (file: string): string => (first.has(file) ? percent(first.get(file)!) : "—");
+  const rows = [["文件", "变异体", "杀死", "存活", "得分", "最早记录", "结果"]];
+  for (const s of entries) {
+    if (typeof s === "string") {
+      rows.push([short(s), "—", "—", "—", "—", earliest(s), "未测：没有输入相同的结果"]);
+      continue;
+    }
     rows.push([short(s.file), String(s.mutants), String(s.killed + s.timedOut), String(s.survived + s.noCoverage), percent(s.score),
-      previous === undefined ? "—" : percent(previous), s.reusedFrom === undefined ? "本次运行" : `沿用 ${s.reusedFrom}`]);
+      earliest(s.file), s.reusedFrom === undefined ? "本次运行" : `沿用 ${s.reusedFrom}`]);
   }
-  for (const file of missing) rows.push([short(file), "—", "—", "—", "—", first.has(file) ? percent(first.get(file)!) : "—", "未测：没有输入相同的结果"]);
   // Display width: a CJK character takes two columns.
   const width = (text: string): number => [...text].reduce((sum, ch) => sum + (/[\u2e80-\u9fff\uff00-\uffef]/.test(ch) ? 2 : 1), 0);
   const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => width(r[i]!))));
