@@ -254,7 +254,7 @@ export async function verifyCheckpoint(c: Checkpoint, info: HistoryInfo, work: s
   const practiceBuild = await buildPackage(practice);
   if (!practiceBuild.ok) fail("练习", `练习目录构建失败（脚手架必须能在 parent 上编译）：\n${firstLines(practiceBuild.output, 12)}`);
   else {
-    const { outcomes, reused } = await reuse.runTests(practice, compiledTests(practice), { timeout: 30_000 });
+    const { outcomes, reused } = await reuse.runTests(practice, compiledTests(practice));
     const focused = outcomes.filter((o) => o.file === focusedFile);
     const others = outcomes.filter((o) => o.file !== focusedFile);
     for (const o of others.filter((x) => !x.passed)) fail("练习", `前序章节的测试在练习目录里失败：${o.file} · ${o.name}：${firstLines(o.error)}`);
