@@ -467,17 +467,22 @@ test("Lab 16.2 · 记录有上限：超出条数的调用照样执行只计数�
 // Lab 16.3 · 期限与中止
 // ---------------------------------------------------------------------------
 
-test("Lab 16.3 · 死循环和等不到的工具都在期限到时以 timeout 结束，等待中的调用记为 cancelled", SLOW, async () => {
+test("Lab 16.3 · 死循环和等不到的工具都在期限到时以 timeout 结束，等待中的调用记为 cancelled", SLOW, async (t) => {
   const spin = await run("let turns = 0;\nfor (;;) { turns += 1; }", { timeoutMs: 200 });
   assert.equal(spin.ok, false);
   if (!spin.ok) assert.deepEqual(spin.error, { kind: "timeout", message: "Execution timed out after 200 ms" });
 
+  // 期限从构造时就开始算，worker 启动也在里面。机器一忙，启动就可能比任何固定的期限还慢，
+  // 所以这里换成 node:test 的模拟时钟：等工具真的开始等待，再把时钟拨过期限。
+  t.mock.timers.enable({ apis: ["setTimeout"] });
   const waiting = waitingTool();
-  const stalled = await run("await tools.wait({});\nreturn 'never';", {
-    tools: new Map([["wait", waiting.tool]]),
-    // 期限从构造时就开始算，worker 启动也在里面：留足时间，让脚本确实先发出调用。
-    timeoutMs: 2_000,
-  });
+  const stalling = run("await tools.wait({});\nreturn 'never';", { tools: new Map([["wait", waiting.tool]]), timeoutMs: 2_000 });
+  await untilStarted(waiting.started, stalling);
+  t.mock.timers.tick(1_999);
+  assert.equal(waiting.aborted(), false, "期限还没到，工具不该被中止");
+  t.mock.timers.tick(1);
+  const stalled = await stalling;
+  t.mock.timers.reset();
   assert.equal(stalled.ok, false);
   if (!stalled.ok) assert.equal(stalled.error.kind, "timeout", "工具耗时也算在期限里");
   assert.deepEqual(stalled.calls, [{ name: "wait", status: "cancelled" }]);
