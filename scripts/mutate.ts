@@ -76,8 +76,6 @@ await main(async (args) => {
   if (!build.ok) throw new CourseError(`构建失败（tsc），先修好类型错误：\n${firstLines(build.output, 20)}`);
   const hashes = new Map<string, string>();
   const started = Date.now();
-  const scores: FileScore[] = [];
-  const missing: string[] = [];
   const entries: Array<FileScore | string> = []; // the table's rows, in the order of the targets
   for (const target of targets) {
     const short = target.file.slice(PACKAGE_DIR.length + 1);
@@ -87,12 +85,10 @@ await main(async (args) => {
       const score: FileScore = { ...same.score, chapters: target.chapters, reusedFrom: `${REPORT_DIR}/${same.report}（${same.at.slice(0, 16).replace("T", " ")}）` };
       console.log(`\n${short}：输入与 ${score.reusedFrom} 相同，沿用它的结果（--fresh 重新运行）`);
       console.log(formatFileScore(score));
-      scores.push(score);
       entries.push(score);
       continue;
     }
     if (cached) {
-      missing.push(target.file);
       entries.push(target.file);
       continue;
     }
@@ -100,24 +96,24 @@ await main(async (args) => {
     const base = path.join(reportDir, path.posix.basename(target.file, ".ts"));
     const measured = await withTempDir("mutate", (dir) => mutateOne(dir, target, base, concurrency));
     const score: FileScore = { ...measured, inputs, ...(firstOf.has(target.file) ? { first: firstOf.get(target.file)! } : {}) };
-    scores.push(score);
     entries.push(score);
     console.log(formatFileScore(score));
     const previous = latest.get(target.file);
     if (previous !== undefined) console.log(`  （上次 ${percent(previous)}）`);
   }
-  if (!cached) {
+  const scores = entries.filter((e): e is FileScore => typeof e !== "string");
+  const missing = entries.length - scores.length;
+  console.log(`\n${formatSummaryTable(entries, first)}`);
+  if (cached) {
+    console.log(missing === 0
+      ? `\n每个文件都有输入相同的结果（${REPORT_DIR}/ 里的报告）。`
+      : `\n${missing} 个文件没有输入相同的结果；去掉 --cached 运行它们。`);
+  } else {
     const report: Report = { createdAt: new Date().toISOString(), command: `mutate ${process.argv.slice(2).join(" ")}`.trim(), files: scores };
     const reportFile = path.join(reportDir, `${name}.json`);
     await fs.writeFile(reportFile, `${JSON.stringify(report, null, 2)}\n`);
-    console.log(`\n${formatSummaryTable(entries, first)}`);
     console.log(`\n用时 ${((Date.now() - started) / 1000).toFixed(0)} s。报告：${path.relative(ROOT, reportFile)}（得分与存活的变异体），` +
       `每个文件的 Stryker HTML 报告在 ${REPORT_DIR}/ 下。存活的变异体若与原代码等价，在 checkpoints/NN-*/mutants.md 里写一行理由。`);
-  } else {
-    console.log(`\n${formatSummaryTable(entries, first)}`);
-    console.log(missing.length === 0
-      ? `\n每个文件都有输入相同的结果（${REPORT_DIR}/ 里的报告）。`
-      : `\n${missing.length} 个文件没有输入相同的结果；去掉 --cached 运行它们。`);
   }
   return 0;
 });
