@@ -8,13 +8,16 @@
 import assert from "node:assert/strict";
 import { mkdtemp, open, readFile, rm, stat, writeFile, appendFile } from "node:fs/promises";
 import { createHash } from "node:crypto";
+import { getEventListeners } from "node:events";
+import { setTimeout as delay } from "node:timers/promises";
 import os from "node:os";
 import path from "node:path";
 import test from "node:test";
 
+import { AssistantMessageEventStream } from "../src/event-stream.js";
 import { ScriptedModel } from "../src/scripted-model.js";
 import { objectSchema, stringValue, type Tool } from "../src/tool.js";
-import { assistantMessage, text, type AssistantMessage, type ToolCall } from "../src/types.js";
+import { assistantMessage, text, type AgentContext, type AgentMessage, type AssistantMessage, type Model, type ModelStreamOptions, type ToolCall, type ToolResultMessage } from "../src/types.js";
 import {
   InvalidTransition,
   TASK_STATES,
@@ -28,7 +31,7 @@ import {
   type TaskState,
 } from "../src/task-runtime/task-state.js";
 import { TaskStore, TaskStoreCorrupt, TaskStoreRejected, formatRecovery, type TaskBatch } from "../src/task-runtime/task-store.js";
-import { TaskRuntime, idempotencyKey, type TaskRuntimeEvent, type TaskToolContext } from "../src/task-runtime/task-runner.js";
+import { TaskRecorder, TaskRuntime, idempotencyKey, type TaskRuntimeEvent, type TaskToolContext } from "../src/task-runtime/task-runner.js";
 
 // ---------------------------------------------------------------------------
 // 夹具
@@ -87,6 +90,44 @@ function deferred(): Deferred {
     resolve = done;
   });
   return { promise, resolve };
+}
+
+/** 让已经排好的微任务与 I/O 回调都跑完（setImmediate 不受 mock timers 影响）。 */
+function settle(): Promise<void> {
+  return new Promise((resolve) => setImmediate(resolve));
+}
+
+/**
+ * 像 ScriptedModel 一样按脚本回复，只是 "stall" 那一轮一直不答，直到调用的 signal 触发，再以 aborted 收尾
+ * （真实的 provider 被取消时就是这样）。stalled 在它开始等的那一刻兑现。
+ */
+class StallingModel implements Model {
+  readonly stalled = deferred();
+  #turn = 0;
+  readonly #turns: (AssistantMessage | "stall")[];
+
+  constructor(turns: (AssistantMessage | "stall")[]) {
+    this.#turns = turns;
+  }
+
+  stream(context: AgentContext, options: ModelStreamOptions = {}): AssistantMessageEventStream {
+    const turn = this.#turns[this.#turn++];
+    if (turn !== "stall") return new ScriptedModel(turn === undefined ? [] : [turn]).stream(context, options);
+    const stream = new AssistantMessageEventStream();
+    options.signal?.addEventListener("abort", () => {
+      const failure = assistantMessage([], "aborted", { errorMessage: "Request was aborted" });
+      stream.push({ type: "error", reason: "aborted", error: failure });
+      stream.end(failure);
+    }, { once: true });
+    this.stalled.resolve();
+    return stream;
+  }
+}
+
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
+
+function textOfResult(message: AgentMessage | undefined): string {
+  return message?.role === "toolResult" ? message.content.map((block) => block.text).join("\n") : "";
 }
 
 /**
@@ -532,15 +573,20 @@ test("Lab 21.2 · 提交前整批检查：版本不连续、事件接不上迁�
 // Lab 21.3 · 恢复与幂等键
 // ---------------------------------------------------------------------------
 
-test("Lab 21.3 · 运行时掌握步骤循环：每次模型调用、每次工具调用、每次迁移各落一个检查点；工具拿到任务 id + 步骤的幂等键", HANG_GUARD, async () => {
+test("Lab 21.3 · 运行时掌握步骤循环：每次模型调用、每次工具调用、每次迁移各落一个检查点；工具拿到任务 id + 步骤的幂等键", HANG_GUARD, async (t) => {
   await withDir(async (dir) => {
     const store = await TaskStore.open(path.join(dir, "tasks.log"));
     const book = new Map<string, string>();
     const { tool, seen } = ledgerTool(book);
+    // 有的模型每一轮都从 c1 开始编号：上一轮的 c1 已经有结果，不等于这一轮的 c1 也有了。
     const model = new ScriptedModel([
       reply([text("先记两笔"), call("c1", "苹果"), call("c2", "梨")], "toolUse", 30),
-      reply([text("再记一笔"), call("c3", "桃")], "toolUse", 20),
+      reply([text("再记一笔"), call("c1", "桃")], "toolUse", 20),
       reply([text("记完了")], "stop", 5),
+      // order-3：模型以 aborted 收尾（没有 errorMessage）。
+      reply([], "aborted", 6),
+      // order-4：回复里有写不成 JSON 的值（NaN）。
+      reply([{ type: "toolCall", id: "c9", name: "ledger", arguments: { entry: Number.NaN }, rawArguments: '{"entry":NaN}' }], "toolUse"),
     ]);
     const events: TaskRuntimeEvent[] = [];
     const runtime = new TaskRuntime({ store, model, tools: [tool], clock: steppingClock(), hooks: { onEvent: (event) => events.push(event) } });
@@ -581,6 +627,29 @@ test("Lab 21.3 · 运行时掌握步骤循环：每次模型调用、每次工�
       store.events("order-1").map((event) => `${event.from}→${event.to}`),
       ["pending→pending", "pending→running", "running→waiting_tool", "waiting_tool→running", "running→waiting_tool", "waiting_tool→running", "running→completed"],
     );
+    assert.deepEqual(
+      store.events("order-1").map((event) => [event.event, event.payload]),
+      [
+        ["created", { priority: 0 }],
+        ["started", null],
+        ["tool_requested", { calls: ["ledger", "ledger"] }],
+        ["tool_results", null],
+        ["tool_requested", { calls: ["ledger"] }],
+        ["tool_results", null],
+        ["completed", { stopReason: "stop" }],
+      ],
+      "每条事件的名字与 payload：要了哪些工具、以什么收尾",
+    );
+    assert.deepEqual(
+      commits.map((event) => event.step?.type ?? ("step" in event ? "step: undefined" : "-")),
+      ["-", "-", "model_call", "tool_call", "tool_call", "-", "model_call", "tool_call", "-", "model_call"],
+      "模型与工具的批次带上它的步骤，迁移与创建的批次没有 step 字段",
+    );
+    assert.deepEqual(
+      events.flatMap((event) => (event.kind === "model_request" ? [`${event.step}:${event.messages}:${event.tools.join(",")}`] : [])),
+      ["1:1:ledger", "4:4:ledger", "6:6:ledger"],
+      "每次请求之前报告一次：步骤、消息条数、工具名",
+    );
     // 第二次请求看得见第一轮的两条工具结果。
     assert.deepEqual(model.requests[1]!.messages.map((message) => message.role), ["user", "assistant", "toolResult", "toolResult"]);
     assert.equal(idempotencyKey("order-1", 2), "order-1#2");
@@ -588,18 +657,39 @@ test("Lab 21.3 · 运行时掌握步骤循环：每次模型调用、每次工�
     assert.notEqual(idempotencyKey("order-1", 2), idempotencyKey("order-1", 3));
     assert.throws(() => idempotencyKey("order-1", 0));
     assert.equal(idempotencyKey("order-1", 1), "order-1#1", "1 是第一个合法的步骤号");
-    assert.throws(() => idempotencyKey("order-1", 1.5));
-    assert.throws(() => idempotencyKey("", 2), "任务 id 不能为空");
-    assert.throws(() => idempotencyKey(42 as unknown as string, 2), "任务 id 必须是字符串");
+    assert.throws(() => idempotencyKey("order-1", 1.5), /1\.5/, "错误里说出不合法的步骤号");
+    const saysWhy = (error: unknown): boolean => error instanceof Error && /\S/.test(error.message);
+    assert.throws(() => idempotencyKey("", 2), saysWhy, "任务 id 不能为空");
+    assert.throws(() => idempotencyKey(42 as unknown as string, 2), saysWhy, "任务 id 必须是字符串");
+
+    // 模型以 aborted 收尾、没有钩子要求重试：任务失败，结局说明以什么收尾，事件是 model_failed；失败那次的 token 照样记上。
+    await runtime.submit({ id: "order-3", input: "这次模型会中断" });
+    const interrupted = await runtime.run("order-3");
+    assert.deepEqual([interrupted.state, interrupted.context.tokensUsed], ["failed", 6]);
+    assert.match(interrupted.context.outcome ?? "", /aborted/);
+    assert.deepEqual(store.events("order-3").map((event) => [event.event, event.payload]).at(-1), ["model_failed", { stopReason: "aborted" }]);
+    // 回复里有写不成 JSON 的值：记下的是一条内容为空的失败回复，任务失败并说明原因，文件里没有坏数据。
+    await runtime.submit({ id: "order-4", input: "参数里有 NaN" });
+    const unrecordable = await runtime.run("order-4");
+    assert.equal(unrecordable.state, "failed");
+    assert.match(unrecordable.context.outcome ?? "", /\S/);
+    const recordedReply = unrecordable.context.messages.at(-1) as AssistantMessage;
+    assert.deepEqual([recordedReply.role, recordedReply.content, recordedReply.stopReason], ["assistant", [], "error"]);
+    assert.deepEqual([...book.values()], ["苹果", "梨", "桃"], "写不成记录的调用没有执行");
+    // 没有这个任务：run 被拒绝并说出是哪个 id。提交与报告的 TaskRecorder 不给钩子时就是空的钩子表。
+    await assert.rejects(runtime.run("no-such-task"), /no-such-task/);
+    assert.deepEqual(new TaskRecorder(store).hooks, []);
 
     // 钩子是后续章节的接口，核心循环不用改。同一个存储上另一个运行时：system 提示（只在请求里，不进快照）、注入的 sleep；
     // 第一个钩子只会抛错（观察者的错误不影响运行），第二个改写请求、决定重试、把关工具。
     const sleeps: number[] = [];
     const prepared: number[] = [];
+    const retries: unknown[] = [];
     const gated: string[] = [];
+    const gatedLater: string[] = [];
     const long = "葡萄".repeat(150);
     const hookedModel = new ScriptedModel([
-      { stopReason: "error", errorMessage: "上游 503" },
+      { ...reply([], "error", 4), errorMessage: "上游 503" },
       reply([call("c4", long), call("c5", "西瓜")], "toolUse", 12),
       reply([text("葡萄"), text("记下了")], "stop", 3),
     ]);
@@ -621,13 +711,25 @@ test("Lab 21.3 · 运行时掌握步骤循环：每次模型调用、每次工�
         {
           prepareRequest(request, snapshot) {
             prepared.push(snapshot.context.currentStep);
+            retries.push(snapshot.context.retry);
             const note = { role: "system" as const, content: `第 ${snapshot.context.currentStep} 步`, timestamp: 0 };
             return { messages: [...request.messages, note], tools: request.tools };
           },
-          onModelFailure: (_reply, snapshot) => (snapshot.context.retry === undefined ? { retry: true, delayMs: 500, failureClass: "transient" } : undefined),
+          // refill 里有写不成 JSON 的值（NaN 时间戳）：整个不写进对话。
+          onModelFailure: (_reply, snapshot) =>
+            snapshot.context.retry === undefined
+              ? { retry: true, delayMs: 500, failureClass: "transient", refill: [{ role: "user", content: [text("再试一次")], timestamp: Number.NaN }] }
+              : undefined,
           gateTool(asked) {
             gated.push(asked.id);
             return asked.id === "c5" ? { allow: false, message: "西瓜不记" } : { allow: true };
+          },
+        },
+        {
+          // 排在后面的闸门：前一个已经拒绝的调用不再问它。
+          gateTool(asked) {
+            gatedLater.push(asked.id);
+            return { allow: true };
           },
         },
       ],
@@ -636,10 +738,12 @@ test("Lab 21.3 · 运行时掌握步骤循环：每次模型调用、每次工�
     const retried = await hooked.run("order-2");
     assert.equal(retried.state, "completed");
     assert.equal(retried.context.outcome, "葡萄记下了", "结果是最后一次回复的全部文字");
-    assert.deepEqual([retried.context.type, retried.priority, retried.context.tokenBudget, retried.context.tokensUsed], ["ledger", 3, 100, 15]);
+    assert.deepEqual([retried.context.type, retried.priority, retried.context.tokenBudget, retried.context.tokensUsed], ["ledger", 3, 100, 19], "失败那次的 token 也算");
     assert.deepEqual(sleeps, [500], "重试之前等到 notBefore");
     assert.deepEqual(prepared, [1, 2, 5], "每次请求之前都经过 prepareRequest");
+    assert.deepEqual(retries, [undefined, { attempts: 1, notBefore: 9_500, failureClass: "transient", lastError: "上游 503" }, undefined], "重试的次数、notBefore、类别与上一次的错误写进快照");
     assert.deepEqual(gated, ["c4", "c5"], "每个调用执行之前都先过闸门");
+    assert.deepEqual(gatedLater, ["c4"], "第一个拒绝的闸门说了算");
     const firstRequest = hookedModel.requests[0]!.messages;
     assert.deepEqual([firstRequest[0], firstRequest.at(-1)], [
       { role: "system", content: "只记水果", timestamp: 0 },
@@ -649,14 +753,14 @@ test("Lab 21.3 · 运行时掌握步骤循环：每次模型调用、每次工�
     assert.deepEqual(
       retried.context.messages.map((message) => (message.role === "toolResult" ? `result:${message.toolCallId}:${message.isError}` : message.role)),
       ["user", "assistant", "result:c4:false", "result:c5:true", "assistant"],
-      "system 提示与钩子改写的请求都不进快照；失败后重试的那次回复也不进对话；拒绝是一条配对的错误结果",
+      "system 提示与钩子改写的请求都不进快照；失败后重试的那次回复、写不成 JSON 的 refill 也不进对话；拒绝是一条配对的错误结果",
     );
     const deniedResult = retried.context.messages.find((message) => message.role === "toolResult" && message.toolCallId === "c5");
     assert.match(deniedResult?.role === "toolResult" ? deniedResult.content.map((block) => block.text).join("") : "", /西瓜不记/);
     assert.deepEqual([...book.entries()].slice(3), [["order-2#3", long]], "被拒绝的调用没有副作用");
     assert.deepEqual(
       retried.context.steps.map((step) => (step.type === "model_call" ? `model:${step.stopReason}:${step.tokens}` : `tool:${step.callId}:${step.idempotencyKey}:${step.isError}`)),
-      ["model:error:0", "model:toolUse:12", "tool:c4:order-2#3:false", "tool:c5:order-2#4:true", "model:stop:3"],
+      ["model:error:4", "model:toolUse:12", "tool:c4:order-2#3:false", "tool:c5:order-2#4:true", "model:stop:3"],
     );
     // 工具步骤里的 result 是结果正文的前 200 个字符。
     const previews = retried.context.steps.flatMap((step) => (step.type === "tool_call" ? [step.result] : []));
@@ -665,6 +769,149 @@ test("Lab 21.3 · 运行时掌握步骤循环：每次模型调用、每次工�
     assert.deepEqual(done.context.steps.flatMap((step) => (step.type === "tool_call" ? [step.result] : [])), ["记下 苹果", "记下 梨", "记下 桃"]);
     assert.equal(retried.context.retry, undefined, "成功的回复之后 retry 清掉");
     assert.deepEqual(store.events("order-2").map((event) => event.to), ["pending", "running", "waiting_tool", "running", "completed"]);
+
+    // 信号：工具与模型都拿到 run 的 signal。工具执行中触发：它的结果照样记下，任务在等工具处暂停；
+    // 模型调用中触发：这次回复不记，任务暂停；信号已经触发时 run 什么都不写。同一个任务同一时刻只能有一个 run。
+    const toolStarted = deferred();
+    const waitTool: Tool<{ entry: string }> = {
+      name: "wait",
+      description: "一直等到被取消",
+      schema: objectSchema({ entry: stringValue }),
+      async execute(_parameters, context) {
+        toolStarted.resolve();
+        await new Promise<void>((resolve) => {
+          if (context.signal?.aborted) resolve();
+          context.signal?.addEventListener("abort", () => resolve(), { once: true });
+        });
+        return { content: [text("收到取消")] };
+      },
+    };
+    const meterTool: Tool<{ entry: string }> = {
+      name: "meter",
+      description: "读数（details 里有 JSON 写不下的值）",
+      schema: objectSchema({ entry: stringValue }),
+      async execute() {
+        return { content: [text("读数 ∞")], details: { ratio: Number.POSITIVE_INFINITY } };
+      },
+    };
+    const stalling = new StallingModel([
+      reply([{ type: "toolCall", id: "m1", name: "meter", arguments: { entry: "表" } }, { type: "toolCall", id: "w1", name: "wait", arguments: { entry: "等" } }], "toolUse"),
+      "stall",
+      reply([text("终于好了")], "stop"),
+    ]);
+    const interruptible = new TaskRuntime({ store, model: stalling, tools: [meterTool, waitTool], clock: steppingClock(20_000) });
+    await interruptible.submit({ id: "interrupt", input: "会被打断两次" });
+    const inTool = new AbortController();
+    const firstRun = interruptible.run("interrupt", { signal: inTool.signal });
+    await toolStarted.promise;
+    await assert.rejects(interruptible.run("interrupt"), /interrupt/, "同一个任务同时只能有一个 run");
+    // 工具多跑一会儿（真实的 20 毫秒）才被取消：没有设期限时，慢不是失败。
+    await delay(20);
+    inTool.abort();
+    const pausedInTool = await firstRun;
+    assert.equal(pausedInTool.state, "paused");
+    const [meterResult, waitResult] = pausedInTool.context.messages.slice(-2) as ToolResultMessage[];
+    assert.deepEqual([waitResult!.toolCallId, textOfResult(waitResult), waitResult!.isError], ["w1", "收到取消", false], "工具被取消前交回的结果照样记下");
+    // 写不成 JSON 的工具结果换成一条失败结果，说明原因。
+    assert.deepEqual([meterResult!.toolCallId, meterResult!.isError], ["m1", true]);
+    assert.match(String((meterResult!.details as { error?: unknown } | undefined)?.error), /\S/);
+    const seqBeforeAborted = store.seq;
+    assert.equal((await interruptible.run("interrupt", { signal: AbortSignal.abort() })).state, "paused");
+    assert.equal(store.seq, seqBeforeAborted, "信号已经触发：不继续，什么都不写");
+    const inModel = new AbortController();
+    const secondRun = interruptible.run("interrupt", { signal: inModel.signal });
+    await stalling.stalled.promise;
+    inModel.abort();
+    const pausedInModel = await secondRun;
+    assert.equal(pausedInModel.state, "paused");
+    assert.deepEqual(pausedInModel.context.steps.map((step) => step.type), ["model_call", "tool_call", "tool_call"], "被取消的那次模型调用不记");
+    const finished = await interruptible.run("interrupt");
+    assert.deepEqual([finished.state, finished.context.outcome], ["completed", "终于好了"]);
+    const interruptEvents = store.events("interrupt");
+    assert.deepEqual(
+      interruptEvents.map((event) => `${event.event}:${event.from}→${event.to}`),
+      [
+        "created:pending→pending",
+        "started:pending→running",
+        "tool_requested:running→waiting_tool",
+        "paused:waiting_tool→paused",
+        "resumed:paused→running",
+        "paused:running→paused",
+        "resumed:paused→running",
+        "completed:running→completed",
+      ],
+      "第一次开始是 started，暂停之后继续是 resumed",
+    );
+    for (const event of interruptEvents.filter((item) => item.event === "paused")) {
+      assert.match(String((event.payload as { reason?: unknown } | null)?.reason), /\S/, "暂停的事件写明原因");
+    }
+
+    // 不注入 sleep：默认的 sleep 用 setTimeout（这里换成 mock timers），到 notBefore 之前不再请求模型。
+    t.mock.timers.enable({ apis: ["setTimeout"] });
+    let now = 50_000;
+    const clock = (): number => now;
+    const waitingModel = new ScriptedModel([{ stopReason: "error", errorMessage: "上游 503" }, reply([text("等到了")], "stop")]);
+    const retryCommitted = deferred();
+    const waiting = new TaskRuntime({
+      store,
+      model: waitingModel,
+      clock,
+      hooks: {
+        onModelFailure: (_reply, snapshot) => (snapshot.context.retry === undefined ? { retry: true, delayMs: 100 } : undefined),
+        onEvent: (event) => {
+          if (event.kind === "commit" && event.reason === "retry") retryCommitted.resolve();
+        },
+      },
+    });
+    const { taskId: waitingId } = await waiting.submit({ input: "等一会儿再问" });
+    assert.match(waitingId, UUID, "没给 id 时用 randomUUID 生成");
+    const waited = waiting.run(waitingId);
+    await retryCommitted.promise;
+    await settle();
+    now += 99;
+    t.mock.timers.tick(99);
+    await settle();
+    assert.equal(waitingModel.requests.length, 1, "notBefore 之前不再请求");
+    now += 1;
+    t.mock.timers.tick(1);
+    assert.deepEqual([(await waited).state, waitingModel.requests.length], ["completed", 2]);
+    assert.deepEqual(waitingModel.requests.map((request) => request.tools ?? []), [[], []], "没有给工具：请求里也没有工具");
+
+    // 等待中触发信号：立刻结束等待、任务暂停，模型不再被问；等完的那次等待不在调用方的 signal 上留下监听器。
+    const stop = new AbortController();
+    const listening: number[] = [];
+    const sleepingModel = new ScriptedModel([{ stopReason: "error", errorMessage: "上游 503" }, { stopReason: "error", errorMessage: "上游 503" }]);
+    const sleptOnce = [deferred(), deferred()];
+    const sleeper = new TaskRuntime({
+      store,
+      model: sleepingModel,
+      clock,
+      hooks: {
+        prepareRequest(request) {
+          listening.push(getEventListeners(stop.signal, "abort").length);
+          return request;
+        },
+        onModelFailure: (_reply, snapshot) => ({ retry: true, delayMs: snapshot.context.retry === undefined ? 100 : 60_000 }),
+        onEvent: (event) => {
+          if (event.kind === "commit" && event.reason === "retry") sleptOnce[event.step!.stepId - 1]!.resolve();
+        },
+      },
+    });
+    await sleeper.submit({ id: "sleepy", input: "等的时候被叫停" });
+    const sleeping = sleeper.run("sleepy", { signal: stop.signal });
+    await sleptOnce[0]!.promise;
+    await settle();
+    now += 100;
+    t.mock.timers.tick(100);
+    await sleptOnce[1]!.promise;
+    await settle();
+    stop.abort();
+    const stopped = await sleeping;
+    assert.equal(stopped.state, "paused");
+    assert.equal(sleepingModel.requests.length, 2, "等待被信号打断：没有第三次请求");
+    assert.deepEqual(listening, [0, 0]);
+    assert.deepEqual(store.events("sleepy").map((event) => event.event).at(-1), "paused");
+    t.mock.timers.reset();
     await store.close();
   });
 });
@@ -702,9 +949,26 @@ test("Lab 21.3 · 恢复：新进程打开同一个文件，未结束的任务�
     assert.equal(second.recovery.unfinished, 3);
     const book = new Map<string, string>();
     const { tool } = ledgerTool(book);
-    const model = new ScriptedModel([reply([text("高优先级完成")], "stop"), reply([text("低优先级完成")], "stop")]);
+    const model = new ScriptedModel([
+      reply([text("高优先级完成")], "stop"),
+      reply([text("低优先级完成")], "stop"),
+      reply([text("q5b 完成")], "stop"),
+      reply([text("q5 完成")], "stop"),
+    ]);
     const events: TaskRuntimeEvent[] = [];
-    const runtime = new TaskRuntime({ store: second, model, tools: [tool], clock: steppingClock(5_000), hooks: { onEvent: (event) => events.push(event) } });
+    const stopDrain = new AbortController();
+    const runtime = new TaskRuntime({
+      store: second,
+      model,
+      tools: [tool],
+      clock: steppingClock(5_000),
+      hooks: {
+        onEvent: (event) => {
+          events.push(event);
+          if (event.kind === "commit" && event.taskId === "q5" && event.state === "completed") stopDrain.abort();
+        },
+      },
+    });
     const seqBefore = second.seq;
     const queued = await runtime.recover();
     assert.deepEqual(queued, ["high", "low"], "held 是 paused、done 已完成：只剩两个，priority 大的在前");
@@ -730,6 +994,26 @@ test("Lab 21.3 · 恢复：新进程打开同一个文件，未结束的任务�
     assert.deepEqual(await runtime.run("held"), second.latest("held"));
     assert.deepEqual(runtime.snapshot("held"), second.latest("held"));
     assert.equal(runtime.store, second);
+
+    // 新提交的任务也按 priority 排队（相同的按提交顺序）；recover 不会让同一个任务排两次；
+    // cancel 与 run 把任务从队列里拿走；drain 的信号触发后不再取下一个。
+    for (const [id, priority] of [["q1", 1], ["q5", 5], ["q3", 3], ["q5b", 5]] as const) await runtime.submit({ id, input: id, priority });
+    assert.deepEqual(runtime.queued(), ["q5", "q5b", "q3", "q1"]);
+    assert.deepEqual(await runtime.recover(), ["q5", "q5b", "q3", "q1"]);
+    assert.deepEqual(runtime.queued(), ["q5", "q5b", "q3", "q1"], "恢复不会让排着的任务再排一次");
+    const q3 = await runtime.cancel("q3");
+    assert.equal(q3.state, "cancelled");
+    assert.match(String((second.events("q3").at(-1)!.payload as { reason?: unknown }).reason), /\S/, "不给原因时也写一个默认的原因");
+    assert.deepEqual(events.filter((event) => event.kind === "commit" && event.taskId === "q3").map((event) => event.kind === "commit" && event.reason), ["created", "transition"]);
+    assert.deepEqual(runtime.queued(), ["q5", "q5b", "q1"], "取消的任务离开队列");
+    assert.equal((await runtime.run("q5b")).state, "completed");
+    assert.deepEqual(runtime.queued(), ["q5", "q1"], "run 过的任务离开队列");
+    const seqBeforeDrain = second.seq;
+    assert.deepEqual(await runtime.drain({ signal: AbortSignal.abort() }), [], "信号已经触发：drain 一个也不跑");
+    assert.deepEqual([runtime.queued(), second.seq], [["q5", "q1"], seqBeforeDrain]);
+    const drained = await runtime.drain({ signal: stopDrain.signal });
+    assert.deepEqual(drained.map((snapshot) => `${snapshot.taskId}:${snapshot.state}`), ["q5:completed"], "q5 完成时信号触发：q1 留在队列里");
+    assert.deepEqual([runtime.queued(), second.latest("q1")?.state], [["q1"], "pending"]);
     await second.close();
   });
 });
@@ -750,6 +1034,7 @@ test("Lab 21.3 · 幂等键：工具做完、检查点还没落盘时崩溃，�
     const atCrash = first.latest("buy")!;
     await first.close();
     assert.equal(atCrash.state, "waiting_tool");
+    assert.equal(atCrash.context.outcome, undefined, "要工具的回复还不是结局");
     assert.deepEqual(atCrash.context.steps.map((step) => step.type), ["model_call", "tool_call"], "第一单的检查点在，第二单的没有");
     assert.deepEqual([...book.entries()], [["buy#2", "下单 A"], ["buy#3", "下单 B"]], "两单的副作用都已经发生");
 
