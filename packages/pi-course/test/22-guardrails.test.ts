@@ -6,6 +6,7 @@
 
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
+import { getEventListeners } from "node:events";
 import { mkdtemp, rm, readFile, appendFile, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
@@ -17,7 +18,7 @@ import { assistantMessage, currentSystemMessage, text, textOf } from "../src/typ
 import type { AgentMessage, AssistantMessage, ToolCall, ToolResultMessage } from "../src/types.js";
 import { createTask } from "../src/task-runtime/task-state.js";
 import { TaskStore } from "../src/task-runtime/task-store.js";
-import { TaskRuntime, type TaskHooks, type TaskRuntimeEvent } from "../src/task-runtime/task-runner.js";
+import { TaskRuntime, type TaskHooks, type TaskRuntimeEvent, type TaskToolContext } from "../src/task-runtime/task-runner.js";
 import {
   DEFAULT_RETRY_POLICY,
   backoffDelay,
@@ -117,16 +118,21 @@ function failure(errorMessage: string): ScriptedTurn {
 function countingTool(
   name: string,
   options: { permission?: Tool["permission"]; fail?: string; hang?: boolean } = {},
-): { tool: Tool<{ q: string }>; runs: string[] } {
+): { tool: Tool<{ q: string }>; runs: string[]; keys: string[] } {
   const runs: string[] = [];
+  const keys: string[] = [];
   const tool: Tool<{ q: string }> = {
     name,
     description: `${name} 工具`,
     schema: objectSchema({ q: stringValue }),
     async execute(parameters, context) {
       runs.push(parameters.q);
+      keys.push((context as TaskToolContext).idempotencyKey);
       if (options.hang) {
-        await new Promise<void>((resolve) => context.signal?.addEventListener("abort", () => resolve(), { once: true }));
+        await new Promise<void>((resolve) => {
+          if (context.signal?.aborted) resolve();
+          else context.signal?.addEventListener("abort", () => resolve(), { once: true });
+        });
         return { content: [text("被取消")], isError: true };
       }
       if (options.fail !== undefined) throw new Error(options.fail);
@@ -134,7 +140,7 @@ function countingTool(
     },
   };
   if (options.permission !== undefined) tool.permission = options.permission;
-  return { tool, runs };
+  return { tool, runs, keys };
 }
 
 async function openRuntime(
@@ -353,17 +359,39 @@ test("Lab 22.1 · 格式错误回填原样输出与错误，最多 2 次；参�
     broken("{"),
     // 任务 f3：先是参数不合法（只反馈），再是 pay 执行失败（交给人）。
     toolTurn([call("c1", "pay", { amount: 5 })]),
-    toolTurn([call("c2", "pay", { q: "付款 5 元" })]),
+    toolTurn([call("c2", "pay", { q: "付款 5 元" }), call("c2b", "lookup", { q: "ORD-2" })]),
     answer("付款没有成功"),
     // 任务 f4：工具超时。
     toolTurn([call("c3", "slow_report", { q: "全年" })]),
+    // 任务 f5、f6：期限之内 run 的信号触发——工具执行中（转达给工具），或者工具开始之前（工具拿到的 signal 已经触发）。
+    toolTurn([call("c5", "slow_report", { q: "上半年" })]),
+    toolTurn([call("c6", "slow_report", { q: "下半年" })]),
   ]);
-  const { runtime, store } = await openRuntime(dir, {
+  const inTool = new AbortController();
+  const beforeTool = new AbortController();
+  const observed: string[] = [];
+  const { runtime, store, events } = await openRuntime(dir, {
     model,
     tools: [lookup.tool, pay.tool, slow.tool],
     time,
     toolTimeoutMs: 50,
-    hooks: (tools) => [createRetryHooks({ tools })],
+    hooks: (tools) => [
+      {
+        // 排在前面、从不要求暂停的钩子：暂停由后面的重试钩子决定。
+        onToolResult(result) {
+          observed.push(result.toolCallId);
+          return undefined;
+        },
+        gateTool(asked) {
+          if (asked.id === "c6") beforeTool.abort();
+          return { allow: true };
+        },
+        onEvent(event) {
+          if (event.kind === "commit" && event.taskId === "f5" && event.state === "waiting_tool") setImmediate(() => inTool.abort());
+        },
+      },
+      createRetryHooks({ tools }),
+    ],
   });
 
   await runtime.submit({ id: "f1", input: "查订单 ORD-1" });
@@ -393,10 +421,34 @@ test("Lab 22.1 · 格式错误回填原样输出与错误，最多 2 次；参�
   assert.equal(pause.event, "needs_human");
   assert.deepEqual([pause.from, pause.to], ["waiting_tool", "paused"]);
   assert.deepEqual(pause.payload, { reason: "tool_logic_error", tool: "pay", callId: "c2", step: 4 });
-  // 人看过之后继续：模型看到那条配对的失败结果，给出回答。
-  const resumed = await runtime.run("f3");
+  assert.deepEqual(observed, ["c1", "c2"], "每个结果都先交给前面的钩子");
+  assert.deepEqual(
+    events.flatMap((event) => (event.kind === "commit" && event.taskId === "f3" ? [`${event.reason}:${event.state}`] : [])).at(-1),
+    "tool:paused",
+    "结果与暂停在同一个 tool 批次里",
+  );
+  // 人看过之后继续：同一轮还没执行的 lookup 先做完（回到 waiting_tool），模型再看到那条配对的失败结果，给出回答。
+  const idle = new AbortController();
+  const resumed = await runtime.run("f3", { signal: idle.signal });
   assert.equal(resumed.state, "completed");
   assert.deepEqual(pay.runs, ["付款 5 元"], "继续运行也不会重做失败的调用");
+  assert.deepEqual([lookup.runs, lookup.keys], [["ORD-2"], ["f3#5"]], "没执行的调用照常执行，拿到任务 id + 步骤的幂等键");
+  const lookupResult = resumed.context.messages.find((message) => message.role === "toolResult" && message.toolCallId === "c2b") as ToolResultMessage;
+  assert.deepEqual([lookupResult.isError, textOf(lookupResult)], [false, "lookup:ORD-2"], "期限之内完成的调用就是它自己的结果");
+  assert.deepEqual(
+    store.events("f3").slice(-4).map((event) => [event.event, event.from, event.to, event.payload]),
+    [
+      ["resumed", "paused", "running", null],
+      ["tool_requested", "running", "waiting_tool", { calls: ["lookup"] }],
+      ["tool_results", "waiting_tool", "running", null],
+      ["completed", "running", "completed", { stopReason: "stop" }],
+    ],
+  );
+  assert.deepEqual(
+    events.flatMap((event) => (event.kind === "commit" && event.taskId === "f3" ? [`${event.reason}:${event.state}`] : [])).slice(-5),
+    ["transition:running", "transition:waiting_tool", "tool:waiting_tool", "transition:running", "model:completed"],
+  );
+  assert.deepEqual(getEventListeners(idle.signal, "abort"), [], "期限结束后不在 run 的 signal 上留下监听器");
 
   await runtime.submit({ id: "f4", input: "出全年报表" });
   const f4 = await runtime.run("f4");
@@ -405,6 +457,16 @@ test("Lab 22.1 · 格式错误回填原样输出与错误，最多 2 次；参�
   const timedOut = f4.context.messages.at(-1) as ToolResultMessage;
   assert.equal(timedOut.isError, true);
   assert.match(textOf(timedOut), /执行超过 50 毫秒，已经取消/);
+
+  // 期限之内 run 的信号触发：工具自己的 signal 也触发，它交回的结果就是记下的结果（不是超时）。
+  for (const [id, signal] of [["f5", inTool.signal], ["f6", beforeTool.signal]] as const) {
+    await runtime.submit({ id, input: `${id} 的报表` });
+    const stopped = await runtime.run(id, { signal });
+    assert.equal(stopped.state, "paused");
+    const last = stopped.context.messages.at(-1) as ToolResultMessage;
+    assert.deepEqual([last.role, textOf(last)], ["toolResult", "被取消"], `${id}：工具看见了取消`);
+  }
+  assert.deepEqual(slow.runs, ["全年", "上半年", "下半年"]);
   await store.close();
 });
 
@@ -569,6 +631,7 @@ test("Lab 22.2 · 运行时收尾模式：剩 4 % 时不给任何工具，回复
   assert.equal(last.role, "toolResult");
   assert.equal(last.toolCallId, "c2");
   assert.equal(last.isError, true);
+  assert.match(String((last.details as { error?: unknown } | undefined)?.error), /\S/, "配上的结果说明为什么没有执行");
   assert.equal(model.requests.length, 2);
   // 收尾模式下闸门连必要工具也不放行。
   const gate = createBudgetHooks({ windowTokens: 100_000, essential: ["search"] }).gateTool!;
