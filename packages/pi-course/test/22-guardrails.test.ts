@@ -366,6 +366,8 @@ test("Lab 22.1 · 格式错误回填原样输出与错误，最多 2 次；参�
     // 任务 f5、f6：期限之内 run 的信号触发——工具执行中（转达给工具），或者工具开始之前（工具拿到的 signal 已经触发）。
     toolTurn([call("c5", "slow_report", { q: "上半年" })]),
     toolTurn([call("c6", "slow_report", { q: "下半年" })]),
+    // 任务 f7：模型以 aborted 收尾（没有错误文字）——取消不是失败，不重试。
+    assistantMessage([], "aborted"),
   ]);
   const inTool = new AbortController();
   const beforeTool = new AbortController();
@@ -377,10 +379,10 @@ test("Lab 22.1 · 格式错误回填原样输出与错误，最多 2 次；参�
     toolTimeoutMs: 50,
     hooks: (tools) => [
       {
-        // 排在前面、从不要求暂停的钩子：暂停由后面的重试钩子决定。
+        // 排在前面的钩子：只在 c6 上要求暂停（不带 payload），其余的暂停由后面的重试钩子决定。
         onToolResult(result) {
           observed.push(result.toolCallId);
-          return undefined;
+          return result.toolCallId === "c6" ? { pause: { reason: "人工复核" } } : undefined;
         },
         gateTool(asked) {
           if (asked.id === "c6") beforeTool.abort();
@@ -467,6 +469,19 @@ test("Lab 22.1 · 格式错误回填原样输出与错误，最多 2 次；参�
     assert.deepEqual([last.role, textOf(last)], ["toolResult", "被取消"], `${id}：工具看见了取消`);
   }
   assert.deepEqual(slow.runs, ["全年", "上半年", "下半年"]);
+  assert.deepEqual(
+    store.events("f6").map((event) => [event.event, event.payload]).at(-1),
+    ["needs_human", { reason: "人工复核" }],
+    "第一个要求暂停的钩子说了算；没给 payload 时写下它的 reason",
+  );
+
+  await runtime.submit({ id: "f7", input: "这次会被取消" });
+  const sleepsBefore = time.sleeps.length;
+  const f7 = await runtime.run("f7");
+  assert.equal(f7.state, "failed");
+  assert.equal(time.sleeps.length, sleepsBefore, "aborted 不重试");
+  const abortedStep = f7.context.steps.at(-1)!;
+  assert.match(abortedStep.type === "model_call" ? (abortedStep.error ?? "") : "", /aborted/, "没有错误文字时，步骤写明以什么收尾");
   await store.close();
 });
 
