@@ -124,6 +124,11 @@ class StallingModel implements Model {
   }
 }
 
+/** 一句真正的话：非空白的字符串（而不是 undefined 被 String() 变成的 "undefined"）。 */
+function assertSays(value: unknown, message?: string): void {
+  assert.ok(typeof value === "string" && /\S/.test(value), message ?? `应当是一句非空的说明，实际是 ${String(value)}`);
+}
+
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
 
 function textOfResult(message: AgentMessage | undefined): string {
@@ -578,10 +583,10 @@ test("Lab 21.3 · 运行时掌握步骤循环：每次模型调用、每次工�
     const store = await TaskStore.open(path.join(dir, "tasks.log"));
     const book = new Map<string, string>();
     const { tool, seen } = ledgerTool(book);
-    // 有的模型每一轮都从 c1 开始编号：上一轮的 c1 已经有结果，不等于这一轮的 c1 也有了。
+    // 有的模型每一轮都从头编号：上一轮的 c2 已经有结果，不等于这一轮的 c2 也有了。
     const model = new ScriptedModel([
       reply([text("先记两笔"), call("c1", "苹果"), call("c2", "梨")], "toolUse", 30),
-      reply([text("再记一笔"), call("c1", "桃")], "toolUse", 20),
+      reply([text("再记一笔"), call("c2", "桃")], "toolUse", 20),
       reply([text("记完了")], "stop", 5),
       // order-3：模型以 aborted 收尾（没有 errorMessage）。
       reply([], "aborted", 6),
@@ -773,6 +778,8 @@ test("Lab 21.3 · 运行时掌握步骤循环：每次模型调用、每次工�
     // 信号：工具与模型都拿到 run 的 signal。工具执行中触发：它的结果照样记下，任务在等工具处暂停；
     // 模型调用中触发：这次回复不记，任务暂停；信号已经触发时 run 什么都不写。同一个任务同一时刻只能有一个 run。
     const toolStarted = deferred();
+    // 两个文本块，连同中间的换行恰好 200 个字符：步骤里的 result 整段保留。
+    const waitBody = ["收到取消", "乙".repeat(195)];
     const waitTool: Tool<{ entry: string }> = {
       name: "wait",
       description: "一直等到被取消",
@@ -783,7 +790,7 @@ test("Lab 21.3 · 运行时掌握步骤循环：每次模型调用、每次工�
           if (context.signal?.aborted) resolve();
           context.signal?.addEventListener("abort", () => resolve(), { once: true });
         });
-        return { content: [text("收到取消")] };
+        return { content: waitBody.map((line) => text(line)) };
       },
     };
     const meterTool: Tool<{ entry: string }> = {
@@ -799,7 +806,14 @@ test("Lab 21.3 · 运行时掌握步骤循环：每次模型调用、每次工�
       "stall",
       reply([text("终于好了")], "stop"),
     ]);
-    const interruptible = new TaskRuntime({ store, model: stalling, tools: [meterTool, waitTool], clock: steppingClock(20_000) });
+    const interruptCommits: string[] = [];
+    const interruptible = new TaskRuntime({
+      store,
+      model: stalling,
+      tools: [meterTool, waitTool],
+      clock: steppingClock(20_000),
+      hooks: { onEvent: (event) => { if (event.kind === "commit") interruptCommits.push(`${event.reason}:${event.state}`); } },
+    });
     await interruptible.submit({ id: "interrupt", input: "会被打断两次" });
     const inTool = new AbortController();
     const firstRun = interruptible.run("interrupt", { signal: inTool.signal });
@@ -811,10 +825,13 @@ test("Lab 21.3 · 运行时掌握步骤循环：每次模型调用、每次工�
     const pausedInTool = await firstRun;
     assert.equal(pausedInTool.state, "paused");
     const [meterResult, waitResult] = pausedInTool.context.messages.slice(-2) as ToolResultMessage[];
-    assert.deepEqual([waitResult!.toolCallId, textOfResult(waitResult), waitResult!.isError], ["w1", "收到取消", false], "工具被取消前交回的结果照样记下");
+    assert.deepEqual([waitResult!.toolCallId, textOfResult(waitResult), waitResult!.isError], ["w1", waitBody.join("\n"), false], "工具被取消前交回的结果照样记下");
+    const waitStep = pausedInTool.context.steps.at(-1)!;
+    assert.equal(waitBody.join("\n").length, 200);
+    assert.equal(waitStep.type === "tool_call" ? waitStep.result : undefined, waitBody.join("\n"), "恰好 200 个字符的正文整段留在步骤里，文本块之间是换行");
     // 写不成 JSON 的工具结果换成一条失败结果，说明原因。
     assert.deepEqual([meterResult!.toolCallId, meterResult!.isError], ["m1", true]);
-    assert.match(String((meterResult!.details as { error?: unknown } | undefined)?.error), /\S/);
+    assertSays((meterResult!.details as { error?: unknown } | undefined)?.error);
     const seqBeforeAborted = store.seq;
     assert.equal((await interruptible.run("interrupt", { signal: AbortSignal.abort() })).state, "paused");
     assert.equal(store.seq, seqBeforeAborted, "信号已经触发：不继续，什么都不写");
@@ -842,8 +859,9 @@ test("Lab 21.3 · 运行时掌握步骤循环：每次模型调用、每次工�
       ],
       "第一次开始是 started，暂停之后继续是 resumed",
     );
+    assert.deepEqual(interruptCommits.filter((entry) => entry.endsWith(":paused")), ["transition:paused", "transition:paused"], "暂停是一次迁移");
     for (const event of interruptEvents.filter((item) => item.event === "paused")) {
-      assert.match(String((event.payload as { reason?: unknown } | null)?.reason), /\S/, "暂停的事件写明原因");
+      assertSays((event.payload as { reason?: unknown } | null)?.reason, "暂停的事件写明原因");
     }
 
     // 不注入 sleep：默认的 sleep 用 setTimeout（这里换成 mock timers），到 notBefore 之前不再请求模型。
@@ -997,23 +1015,23 @@ test("Lab 21.3 · 恢复：新进程打开同一个文件，未结束的任务�
 
     // 新提交的任务也按 priority 排队（相同的按提交顺序）；recover 不会让同一个任务排两次；
     // cancel 与 run 把任务从队列里拿走；drain 的信号触发后不再取下一个。
-    for (const [id, priority] of [["q1", 1], ["q5", 5], ["q3", 3], ["q5b", 5]] as const) await runtime.submit({ id, input: id, priority });
-    assert.deepEqual(runtime.queued(), ["q5", "q5b", "q3", "q1"]);
-    assert.deepEqual(await runtime.recover(), ["q5", "q5b", "q3", "q1"]);
-    assert.deepEqual(runtime.queued(), ["q5", "q5b", "q3", "q1"], "恢复不会让排着的任务再排一次");
+    for (const [id, priority] of [["q1", 1], ["q5", 5], ["q3", 3], ["q5b", 5], ["q0", 0]] as const) await runtime.submit({ id, input: id, priority });
+    assert.deepEqual(runtime.queued(), ["q5", "q5b", "q3", "q1", "q0"]);
+    assert.deepEqual(await runtime.recover(), ["q5", "q5b", "q3", "q1", "q0"]);
+    assert.deepEqual(runtime.queued(), ["q5", "q5b", "q3", "q1", "q0"], "恢复不会让排着的任务再排一次");
     const q3 = await runtime.cancel("q3");
     assert.equal(q3.state, "cancelled");
-    assert.match(String((second.events("q3").at(-1)!.payload as { reason?: unknown }).reason), /\S/, "不给原因时也写一个默认的原因");
+    assertSays((second.events("q3").at(-1)!.payload as { reason?: unknown }).reason, "不给原因时也写一个默认的原因");
     assert.deepEqual(events.filter((event) => event.kind === "commit" && event.taskId === "q3").map((event) => event.kind === "commit" && event.reason), ["created", "transition"]);
-    assert.deepEqual(runtime.queued(), ["q5", "q5b", "q1"], "取消的任务离开队列");
+    assert.deepEqual(runtime.queued(), ["q5", "q5b", "q1", "q0"], "取消的任务离开队列");
     assert.equal((await runtime.run("q5b")).state, "completed");
-    assert.deepEqual(runtime.queued(), ["q5", "q1"], "run 过的任务离开队列");
+    assert.deepEqual(runtime.queued(), ["q5", "q1", "q0"], "run 过的任务离开队列");
     const seqBeforeDrain = second.seq;
     assert.deepEqual(await runtime.drain({ signal: AbortSignal.abort() }), [], "信号已经触发：drain 一个也不跑");
-    assert.deepEqual([runtime.queued(), second.seq], [["q5", "q1"], seqBeforeDrain]);
+    assert.deepEqual([runtime.queued(), second.seq], [["q5", "q1", "q0"], seqBeforeDrain]);
     const drained = await runtime.drain({ signal: stopDrain.signal });
-    assert.deepEqual(drained.map((snapshot) => `${snapshot.taskId}:${snapshot.state}`), ["q5:completed"], "q5 完成时信号触发：q1 留在队列里");
-    assert.deepEqual([runtime.queued(), second.latest("q1")?.state], [["q1"], "pending"]);
+    assert.deepEqual(drained.map((snapshot) => `${snapshot.taskId}:${snapshot.state}`), ["q5:completed"], "q5 完成时信号触发：q1、q0 留在队列里");
+    assert.deepEqual([runtime.queued(), second.latest("q1")?.state], [["q1", "q0"], "pending"]);
     await second.close();
   });
 });
