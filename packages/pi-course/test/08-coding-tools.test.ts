@@ -671,6 +671,10 @@ test("Lab 8.5 · stdout 与 stderr 共用一份字节预算，超出时截断并
   const wide = await run(tools(root, { maxBashOutputBytes: 26 }), "bash", { command: "printf '汉字汉字汉字汉字汉字'" });
   assert.equal(expectOk(wide), "汉\n… [输出已截断]");
   assert.equal(bashDetails(wide).truncated, true);
+  // 不是 UTF-8 的输出（这里全是续字节 0x80）：往前退到开头就停，一个字节也不留，只剩提示。
+  const binary = await run(tools(root, { maxBashOutputBytes: 26 }), "bash", { command: `node -e "process.stdout.write(Buffer.alloc(40, 0x80))"` });
+  assert.equal(expectOk(binary), "\n… [输出已截断]");
+  assert.equal(bashDetails(binary).truncated, true);
   // 第二块才超出剩余的预算：同样算截断，总长仍不超过预算（两块之间隔 0.1 秒，通常分两次到达）。
   const split = await run(tools(root, { maxBashOutputBytes: 30 }), "bash", {
     command: "printf abcdefghijklmnop; sleep 0.1; printf qrstuvwxyz0123456789",
