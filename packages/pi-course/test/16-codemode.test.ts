@@ -197,9 +197,11 @@ test("Lab 16.1 · 往返：返回值、输出和调用记录都回到宿主，�
   const nothing = await run("console.log('只打印，不返回');");
   assert.deepEqual(nothing, { ok: true, value: undefined, output: ["只打印，不返回"], calls: [] });
 
-  // 工具什么都不返回：脚本里 await 得到的就是 undefined。
-  const quiet = await run("const reply = await tools.noop({});\nreturn reply === undefined;", { tools: new Map([["noop", recordingTool(() => undefined)]]) });
+  // 工具什么都不返回：脚本里 await 得到的就是 undefined；不带参数调用时，工具收到的参数也是 undefined。
+  const quietSeen: unknown[] = [];
+  const quiet = await run("const reply = await tools.noop();\nreturn reply === undefined;", { tools: new Map([["noop", recordingTool(() => undefined, quietSeen)]]) });
   assert.deepEqual(quiet, { ok: true, value: true, output: [], calls: [{ name: "noop", status: "ok" }] });
+  assert.deepEqual(quietSeen, [undefined]);
 });
 
 test("Lab 16.1 · 抛错、语法错误和工具失败都只是 ok:false 的结果；工具失败在脚本里可以 catch", SLOW, async () => {
@@ -218,6 +220,9 @@ test("Lab 16.1 · 抛错、语法错误和工具失败都只是 ok:false 的结�
   if (!syntax.ok) {
     assert.equal(syntax.error.kind, "script");
     assert.equal(syntax.error.name, "SyntaxError");
+    // 语法错误由虚拟机抛到 worker 一侧：stack 同样以“名字: 消息”开头，后面只有指向脚本第 1 行的帧。
+    assert.equal(syntax.error.stack?.split("\n")[0], `SyntaxError: ${syntax.error.message}`);
+    assert.match(syntax.error.stack ?? "", /^SyntaxError: \S.*\n\s+at codemode-script\.js:1:\d+$/);
   }
   // 语法错误的 stack 同样是“名字: 消息”加虚拟机的帧，行号就是脚本自己的行号。
   const late = await run("const a = 1;\n\nlet b = ;");
@@ -440,7 +445,7 @@ test("Lab 16.2 · 记录有上限：超出条数的调用照样执行只计数�
   const longPath = "笔记/a-path-that-is-much-too-long-1.txt";
   const result = await run(
     [
-      "try { await tools.noisy({}); } catch (error) {}",
+      "try { await tools.noisy(); } catch (error) {}",
       `await tools.read({ path: ${JSON.stringify(longPath)} });`,
       "await tools.read({ path: 'three' });",
       "await tools.read({ path: 'four' });",
@@ -461,6 +466,21 @@ test("Lab 16.2 · 记录有上限：超出条数的调用照样执行只计数�
   });
   ledger.calls.length = 0;
   assert.equal(bridge.nestedCalls().calls.length, 2, "nestedCalls() 每次交出深副本");
+
+  // 两个字节上限都按“超过才算”：单次正好 21 字节还记；总量按已记录的字节累计，正好到 32 还记，再多就只记字节数。
+  const totals = createNestedToolBridge(registry, "call-5", { limits: { maxArgumentBytesPerCall: 21, maxArgumentBytesTotal: 32 } });
+  const read = totals.tools.get("read")!;
+  for (const path of ["a".repeat(10), "b".repeat(11), "", "c"]) await read.execute({ path }, { signal: new AbortController().signal });
+  assert.deepEqual(totals.nestedCalls(), {
+    calls: [
+      { id: "call-5/1", name: "read", status: "ok", arguments: { path: "aaaaaaaaaa" } },
+      { id: "call-5/2", name: "read", status: "ok", argumentsBytes: 22 },
+      { id: "call-5/3", name: "read", status: "ok", arguments: { path: "" } },
+      { id: "call-5/4", name: "read", status: "ok", argumentsBytes: 12 },
+    ],
+    count: 4,
+    complete: false,
+  });
 });
 
 // ---------------------------------------------------------------------------
@@ -471,6 +491,17 @@ test("Lab 16.3 · 死循环和等不到的工具都在期限到时以 timeout �
   const spin = await run("let turns = 0;\nfor (;;) { turns += 1; }", { timeoutMs: 200 });
   assert.equal(spin.ok, false);
   if (!spin.ok) assert.deepEqual(spin.error, { kind: "timeout", message: "Execution timed out after 200 ms" });
+
+  // 不是正数的期限：不启动 worker，直接以 sandbox 结束，工具一次都不调用。
+  const untouched: unknown[] = [];
+  for (const timeoutMs of [0, -5, Number.NaN]) {
+    const refused = await runCodemodeScript("await tools.add({}); return 1;", {
+      tools: new Map([["add", recordingTool(() => ({ text: "1" }), untouched)]]),
+      timeoutMs,
+    });
+    assert.deepEqual({ ok: refused.ok, kind: !refused.ok && refused.error.kind, calls: refused.calls }, { ok: false, kind: "sandbox", calls: [] }, `timeoutMs: ${timeoutMs}`);
+  }
+  assert.deepEqual(untouched, []);
 
   // 期限从构造时就开始算，worker 启动也在里面。机器一忙，启动就可能比任何固定的期限还慢，
   // 所以这里换成 node:test 的模拟时钟：等工具真的开始等待，再把时钟拨过期限。
@@ -549,6 +580,9 @@ test("Lab 16.4 · codemode 工具：model-only、说明列出可调用的工具�
   assert.match(tool.description, /- tools\.read\(args\): 读取一个文件的内容$/m);
   assert.doesNotMatch(tool.description, /tools\.codemode/);
   assert.doesNotMatch(tool.description, /第二行/);
+  // 说明还交代了写法、结果的形状和沙箱里没有什么；没有可调用的工具时列表写“（无）”。
+  for (const part of [/QuickJS/, /await tools\.<name>\(args\)/, /return/, /console\.log/, /\{ text, details\? \}/, /fetch/]) assert.match(tool.description, part);
+  assert.match(createCodemodeTool(new ToolRegistry([])).description, /\n（无）$/);
   assert.deepEqual(registry.definitions().map((definition) => definition.name), ["codemode"]);
 
   const success = await executeToolCall(
@@ -576,6 +610,20 @@ test("Lab 16.4 · codemode 工具：model-only、说明列出可调用的工具�
   assert.equal(timedOut.content[0]?.text, "Script timeout: Execution timed out after 200 ms");
   assert.equal(timedOut.isError, true);
   assert.deepEqual(timedOut.details?.error, { kind: "timeout", message: "Execution timed out after 200 ms" });
+
+  // limits 与 executeToolCall 交给嵌套桥：换上的执行器真的被调用，记录上限 0 条时账本只计数。
+  const executed: string[] = [];
+  const bounded = createCodemodeTool(registry, {
+    limits: { maxCalls: 0 },
+    executeToolCall: (call, context) => {
+      executed.push(call.id);
+      return executeToolCall(call, registry, context, "script");
+    },
+  });
+  const boundedResult = await bounded.execute({ code: "return (await tools.read({ path: 'n.md' })).text;" }, { callId: "call-5" });
+  assert.equal(boundedResult.content[0]?.text, JSON.stringify("内容：n.md"));
+  assert.deepEqual(executed, ["call-5/1"]);
+  assert.deepEqual(boundedResult.details?.nestedCalls, { calls: [], count: 1, complete: false });
 
   const self = await executeToolCall(codemodeCall("nested", "return 1;"), registry, {}, "script");
   assert.equal(self.isError, true);
