@@ -57,6 +57,8 @@ function stringArgument(handle: JSValueHandle | undefined): string | undefined {
 
 async function main(data: CodemodeWorkerData): Promise<void> {
   const interrupt = new Int32Array(data.interrupt);
+  /** 虚拟机抛到宿主这边的异常（语法错误、中断、内存耗尽）都以 done ok:false 报告；下面四处都用它。 */
+  const fail = (error: unknown): void => post({ type: "done", ok: false, error: errorJson(error) });
   const vm = await QuickJS.create({
     wasm: data.wasm,
     memoryLimit: data.memoryLimitBytes,
@@ -99,7 +101,7 @@ async function main(data: CodemodeWorkerData): Promise<void> {
       vm.callFunction(stalled, vm.undefined);
     } catch (error) {
       // 只有无法被脚本 catch 的异常会走到这里：中断、内存耗尽。
-      post({ type: "done", ok: false, error: errorJson(error) });
+      fail(error);
     }
   };
 
@@ -114,7 +116,7 @@ async function main(data: CodemodeWorkerData): Promise<void> {
         vm.callFunction(settle, vm.undefined, vm.newNumber(message.id), message.ok ? vm.true : vm.false, payload);
       });
     } catch (error) {
-      post({ type: "done", ok: false, error: errorJson(error) });
+      fail(error);
       return;
     }
     drain();
@@ -125,14 +127,14 @@ async function main(data: CodemodeWorkerData): Promise<void> {
     body = vm.evalCode(wrapScript(data.code), SCRIPT_FILE);
   } catch (error) {
     // 语法错误：脚本一行也没跑。
-    post({ type: "done", ok: false, error: errorJson(error) });
+    fail(error);
     return;
   }
 
   try {
     vm.callFunction(run, vm.undefined, body);
   } catch (error) {
-    post({ type: "done", ok: false, error: errorJson(error) });
+    fail(error);
     return;
   }
   drain();
