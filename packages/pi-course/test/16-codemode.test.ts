@@ -197,10 +197,12 @@ test("Lab 16.1 · 往返：返回值、输出和调用记录都回到宿主，�
   const nothing = await run("console.log('只打印，不返回');");
   assert.deepEqual(nothing, { ok: true, value: undefined, output: ["只打印，不返回"], calls: [] });
 
-  // 工具什么都不返回：脚本里 await 得到的就是 undefined；不带参数调用时，工具收到的参数也是 undefined。
+  // 工具什么都不返回：脚本里 await 得到的就是 undefined；不带参数调用时，工具收到的参数也是 undefined；
+  // 没写说明的工具在 ALL_TOOLS 里的说明是空串。
   const quietSeen: unknown[] = [];
-  const quiet = await run("const reply = await tools.noop();\nreturn reply === undefined;", { tools: new Map([["noop", recordingTool(() => undefined, quietSeen)]]) });
-  assert.deepEqual(quiet, { ok: true, value: true, output: [], calls: [{ name: "noop", status: "ok" }] });
+  const noop: CodemodeScriptTool = { execute: async (args) => { quietSeen.push(args); } };
+  const quiet = await run("const reply = await tools.noop();\nconsole.log(JSON.stringify(ALL_TOOLS));\nreturn reply === undefined;", { tools: new Map([["noop", noop]]) });
+  assert.deepEqual(quiet, { ok: true, value: true, output: ['[{"name":"noop","description":""}]'], calls: [{ name: "noop", status: "ok" }] });
   assert.deepEqual(quietSeen, [undefined]);
 });
 
@@ -624,6 +626,11 @@ test("Lab 16.4 · codemode 工具：model-only、说明列出可调用的工具�
   assert.equal(boundedResult.content[0]?.text, JSON.stringify("内容：n.md"));
   assert.deepEqual(executed, ["call-5/1"]);
   assert.deepEqual(boundedResult.details?.nestedCalls, { calls: [], count: 1, complete: false });
+  // memoryLimitBytes 交给沙箱：16 MiB 的上限装不下 32 MiB 的缓冲区（默认的 64 MiB 装得下）。
+  const small = await createCodemodeTool(registry, { memoryLimitBytes: 16 * 1024 * 1024 })
+    .execute({ code: "return new ArrayBuffer(32 * 1024 * 1024).byteLength;" }, { callId: "call-6" });
+  assert.equal(small.isError, true);
+  assert.match(small.content[0]?.text ?? "", /^Script failed: .*out of memory/);
 
   const self = await executeToolCall(codemodeCall("nested", "return 1;"), registry, {}, "script");
   assert.equal(self.isError, true);
