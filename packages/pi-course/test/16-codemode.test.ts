@@ -226,6 +226,8 @@ test("Lab 16.1 · 抛错、语法错误和工具失败都只是 ok:false 的结�
     assert.equal(syntax.error.stack?.split("\n")[0], `SyntaxError: ${syntax.error.message}`);
     assert.match(syntax.error.stack ?? "", /^SyntaxError: \S.*\n\s+at codemode-script\.js:1:\d+$/);
   }
+  // 抛出的不是对象：只有 message，没有 name 和 stack。
+  assert.deepEqual(await run("throw 'just text';"), { ok: false, error: { kind: "script", message: "just text" }, output: [], calls: [] });
   // 语法错误的 stack 同样是“名字: 消息”加虚拟机的帧，行号就是脚本自己的行号。
   const late = await run("const a = 1;\n\nlet b = ;");
   assert.equal(late.ok, false);
@@ -606,6 +608,8 @@ test("Lab 16.4 · codemode 工具：model-only、说明列出可调用的工具�
   assert.match(textOf(failure), /^Script failed: TypeError: tools\.read_file does not exist\. Did you mean tools\.read\?/);
   assert.equal(detailsOf(failure).ok, false);
   assert.equal(detailsOf(failure).error?.kind, "script");
+  const bare = await executeToolCall(codemodeCall("call-3b", "throw 'just text';"), registry);
+  assert.equal(textOf(bare), "Script failed: just text", "没有 stack 时正文用 message");
 
   const slow = createCodemodeTool(registry, { timeoutMs: 200 });
   const timedOut = await slow.execute({ code: "for (;;) {}" }, { callId: "call-4" });
