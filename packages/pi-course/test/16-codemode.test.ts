@@ -215,6 +215,8 @@ test("Lab 16.1 · 抛错、语法错误和工具失败都只是 ok:false 的结�
     assert.equal(thrown.error.name, "TypeError");
     assert.equal(thrown.error.message, "bad input");
     assert.match(thrown.error.stack ?? "", /^TypeError: bad input\n.*codemode-script\.js:2/);
+    // 只留脚本自己的帧：前导代码的帧对模型没有用。
+    assert.ok(thrown.error.stack?.split("\n").slice(1).every((line) => line.includes("codemode-script.js")), thrown.error.stack);
   }
 
   const syntax = await run("return (;");
