@@ -12,6 +12,8 @@ import {
 
 /** 虚拟机里脚本的文件名：出现在错误堆栈里，让模型能对上自己写的行号。 */
 const SCRIPT_FILE = "codemode-script.js";
+/** 前导代码的文件名：它的帧对模型没有用，交给宿主的 stack 里不留。 */
+const PRELUDE_FILE = "codemode-prelude.js";
 
 function post(message: WorkerToHostMessage): void {
   parentPort?.postMessage(message);
@@ -19,13 +21,13 @@ function post(message: WorkerToHostMessage): void {
 
 /**
  * 把虚拟机抛到宿主这边的异常（语法错误、中断、内存耗尽）变成 {name?, message, stack?} 的 JSON 文本。
- * 与前导代码的写法一致：stack 以 "名字: 消息" 开头，后面是虚拟机给出的帧。
+ * 与前导代码的写法一致：stack 以 "名字: 消息" 开头，后面是虚拟机给出的帧（前导代码自己的帧不留）。
  */
 function errorJson(error: unknown): string {
-  if (error instanceof JSException || error instanceof Error) {
+  if (error instanceof JSException) {
     const info: { name?: string; message: string; stack?: string } = { message: error.message };
     if (error.name) info.name = error.name;
-    const frames = (error.stack ?? "").split("\n").filter((line) => line.trim() !== "" && line.trim().startsWith("at "));
+    const frames = (error.stack ?? "").split("\n").filter((line) => line.trim().startsWith("at ") && !line.includes(PRELUDE_FILE));
     info.stack = [`${info.name ? `${info.name}: ` : ""}${info.message}`, ...frames].join("\n");
     return JSON.stringify(info);
   }
@@ -35,19 +37,6 @@ function errorJson(error: unknown): string {
 /** 把脚本包成 async 箭头函数：函数体从第一行开始，堆栈里的行号就是脚本自己的行号。 */
 function wrapScript(code: string): string {
   return `(async (tools, console) => {${code}\n})`;
-}
-
-/** quickjs 把引擎自己的 stdout/stderr 写到 fd 1/2；这里照单全收地丢掉，只回报写了多少字节。 */
-function discardingWasi(memory: WebAssembly.Memory): Record<string, (...args: number[]) => number> {
-  return {
-    fd_write(_fd: number, iovs: number, iovsLength: number, writtenPointer: number): number {
-      const view = new DataView(memory.buffer);
-      let total = 0;
-      for (let i = 0; i < iovsLength; i += 1) total += view.getUint32(iovs + i * 8 + 4, true);
-      view.setUint32(writtenPointer, total, true);
-      return 0;
-    },
-  };
 }
 
 function stringArgument(handle: JSValueHandle | undefined): string | undefined {
@@ -66,7 +55,6 @@ async function main(data: CodemodeWorkerData): Promise<void> {
     maxStackSize: Math.floor(MAX_STACK_SIZE / 2),
     // 轮询远比“每条指令一次”稀疏：截止时间由宿主的时钟决定，这里只读宿主写下的标志。
     interruptHandler: () => Atomics.load(interrupt, 0) !== 0,
-    wasi: discardingWasi,
   });
 
   const bridge = vm.newFunction("bridge", (...args: JSValueHandle[]) => {
@@ -88,7 +76,7 @@ async function main(data: CodemodeWorkerData): Promise<void> {
   });
 
   // 前导代码求值出一个工厂函数，调用它得到 { settle, run, stalled }。
-  const factory = vm.evalCode(PRELUDE_SOURCE, "codemode-prelude.js");
+  const factory = vm.evalCode(PRELUDE_SOURCE, PRELUDE_FILE);
   const api = vm.callFunction(factory, vm.undefined, bridge, vm.newString(JSON.stringify(data.tools)));
   const settle = api.getProp("settle");
   const run = api.getProp("run");
