@@ -250,6 +250,11 @@ test("Lab 16.1 · 抛错、语法错误和工具失败都只是 ok:false 的结�
     assert.ok(done?.type === "done" && !done.ok, JSON.stringify(done));
     if (done?.type === "done" && !done.ok) assert.match((JSON.parse(done.error) as { message: string }).message, /interrupted/);
   }
+  // 不带参数的调用、没有值的 done：消息里就没有 args、value 这两个可选的键。
+  const bare = await driveWorker("await tools.ping();", (message, worker) => {
+    if (message.type === "call") worker.postMessage({ type: "result", id: message.id, ok: true });
+  });
+  assert.deepEqual(bare, [{ type: "call", id: 1, name: "ping" }, { type: "done", ok: true }]);
   const malformed = await driveWorker("await tools.ping({});", (message, worker) => {
     if (message.type === "call") worker.postMessage({ type: "result", id: "not a number", ok: true });
   });
@@ -291,6 +296,18 @@ test("Lab 16.1 · 每次执行都是一台新虚拟机；16 MiB 上限下耗尽�
     assert.ok(hog.error.stack?.startsWith(`${hog.error.name}: ${hog.error.message}\n`), hog.error.stack);
     assert.match(hog.error.stack ?? "", /codemode-script\.js:1:/);
   }
+
+  // 工具的错误文字有 20 MiB：宿主把它交回 16 MiB 的虚拟机时内存就耗尽了，脚本的 catch 接不住，同样是 script 错误；
+  // 这时的帧全在前导代码里，stack 只剩“名字: 消息”。
+  const shout = new Map([["shout", recordingTool(() => { throw new Error("x".repeat(20 * 1024 * 1024)); })]]);
+  const drowned = await run("try { await tools.shout({}); } catch (error) { return 'caught'; }", { tools: shout, memoryLimitBytes: 16 * 1024 * 1024 });
+  assert.equal(drowned.ok, false);
+  if (!drowned.ok) {
+    assert.equal(drowned.error.kind, "script");
+    assert.match(drowned.error.message, /out of memory/);
+    assert.equal(drowned.error.stack, `${drowned.error.name}: ${drowned.error.message}`);
+  }
+  assert.deepEqual(drowned.calls, [{ name: "shout", status: "error" }]);
 
   const deep = await run("function down(n) { return down(n + 1) + 1; }\ntry { down(0); } catch (error) { return error.name; }");
   assert.deepEqual(deep, { ok: true, value: "RangeError", output: [], calls: [] }, "深递归应是脚本能 catch 的 RangeError");
