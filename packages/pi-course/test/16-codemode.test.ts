@@ -52,23 +52,25 @@ function recordingTool(answer: (args: unknown) => unknown, seen: unknown[] = [])
 }
 
 /** 一个永远等下去、直到 signal 中止才失败的脚本工具；started 在它开始等待时 resolve。 */
-function waitingTool(): { tool: CodemodeScriptTool; started: Promise<void>; aborted: () => boolean } {
+function waitingTool(): { tool: CodemodeScriptTool; started: Promise<void>; aborted: () => boolean; reason: () => unknown } {
   let markStarted!: () => void;
   const started = new Promise<void>((resolve) => {
     markStarted = resolve;
   });
   let sawAbort = false;
+  let reason: unknown;
   const tool: CodemodeScriptTool = {
     execute: (_args, { signal }) =>
       new Promise((_resolve, reject) => {
         markStarted();
         signal.addEventListener("abort", () => {
           sawAbort = true;
+          reason = signal.reason;
           reject(new Error("waiting tool cancelled"));
         }, { once: true });
       }),
   };
-  return { tool, started, aborted: () => sawAbort };
+  return { tool, started, aborted: () => sawAbort, reason: () => reason };
 }
 
 /** 注册表里的工具：read 回显路径；failing 总是抛错；ok 需要一个 string 参数。 */
@@ -204,6 +206,14 @@ test("Lab 16.1 · 往返：返回值、输出和调用记录都回到宿主，�
   const quiet = await run("const reply = await tools.noop();\nconsole.log(JSON.stringify(ALL_TOOLS));\nreturn reply === undefined;", { tools: new Map([["noop", noop]]) });
   assert.deepEqual(quiet, { ok: true, value: true, output: ['[{"name":"noop","description":""}]'], calls: [{ name: "noop", status: "ok" }] });
   assert.deepEqual(quietSeen, [undefined]);
+
+  // 脚本没等调用回来就 return：结果照样是成功，那次调用记为 cancelled，工具收到带原因的中止。
+  const left = waitingTool();
+  const abandoned = await run("tools.wait({});\nreturn 'left it';", { tools: new Map([["wait", left.tool]]) });
+  assert.deepEqual(abandoned, { ok: true, value: "left it", output: [], calls: [{ name: "wait", status: "cancelled" }] });
+  assert.equal(left.aborted(), true, "执行结束时，还在等的工具应收到中止信号");
+  const leftReason = left.reason();
+  assert.ok(leftReason instanceof Error && leftReason.message !== "", String(leftReason));
 });
 
 test("Lab 16.1 · 抛错、语法错误和工具失败都只是 ok:false 的结果；工具失败在脚本里可以 catch", SLOW, async () => {
@@ -271,6 +281,12 @@ test("Lab 16.1 · 抛错、语法错误和工具失败都只是 ok:false 的结�
   );
   assert.deepEqual(caught, { ok: true, value: "caught: explode: disk on fire", output: [], calls: [{ name: "explode", status: "error" }] });
 
+  // 工具抛出的不是 Error：脚本收到的消息就是它的文字。
+  const sulk = await run("try { await tools.sulk({}); } catch (error) { return error.message; }", {
+    tools: new Map([["sulk", recordingTool(() => { throw "not today"; })]]),
+  });
+  assert.deepEqual(sulk, { ok: true, value: "not today", output: [], calls: [{ name: "sulk", status: "error" }] });
+
   const uncaught = await run("await tools.explode({});", { tools });
   assert.equal(uncaught.ok, false);
   if (!uncaught.ok) {
@@ -308,6 +324,11 @@ test("Lab 16.1 · 每次执行都是一台新虚拟机；16 MiB 上限下耗尽�
     assert.equal(drowned.error.stack, `${drowned.error.name}: ${drowned.error.message}`);
   }
   assert.deepEqual(drowned.calls, [{ name: "shout", status: "error" }]);
+
+  // 256 KiB 连引擎自己都装不下：worker 报告 crash，结果是 sandbox 失败，脚本一行没跑。
+  const cramped = await runCodemodeScript("return 1;", { memoryLimitBytes: 256 * 1024 });
+  assert.deepEqual(cramped.ok ? cramped : { ...cramped, error: { kind: cramped.error.kind } }, { ok: false, error: { kind: "sandbox" }, output: [], calls: [] });
+  if (!cramped.ok) assert.match(cramped.error.message, /out of memory/);
 
   const deep = await run("function down(n) { return down(n + 1) + 1; }\ntry { down(0); } catch (error) { return error.name; }");
   assert.deepEqual(deep, { ok: true, value: "RangeError", output: [], calls: [] }, "深递归应是脚本能 catch 的 RangeError");
@@ -504,6 +525,18 @@ test("Lab 16.2 · 记录有上限：超出条数的调用照样执行只计数�
     count: 4,
     complete: false,
   });
+
+  // 整次 codemode 的 signal 已经中止：即使这一次调用自己的 signal 没有中止，交给执行器的 signal 也已中止。
+  const seenAborted: boolean[] = [];
+  const stopped = createNestedToolBridge(registry, "call-6", {
+    signal: AbortSignal.abort(new Error("codemode stopped")),
+    executeToolCall: (call, context) => {
+      seenAborted.push(context?.signal?.aborted === true);
+      return executeToolCall(call, registry, context, "script");
+    },
+  });
+  await stopped.tools.get("read")!.execute({ path: "x" }, { signal: new AbortController().signal }).catch(() => undefined);
+  assert.deepEqual(seenAborted, [true]);
 });
 
 // ---------------------------------------------------------------------------
@@ -541,6 +574,8 @@ test("Lab 16.3 · 死循环和等不到的工具都在期限到时以 timeout �
   if (!stalled.ok) assert.equal(stalled.error.kind, "timeout", "工具耗时也算在期限里");
   assert.deepEqual(stalled.calls, [{ name: "wait", status: "cancelled" }]);
   assert.equal(waiting.aborted(), true, "期限到时，等待中的工具应收到中止信号");
+  const why = waiting.reason();
+  assert.equal(why instanceof Error && why.message, "Execution timed out after 2000 ms", "中止的原因就是执行失败的消息");
 
   const unlimited = await run("return 'no deadline';", { timeoutMs: Infinity });
   assert.deepEqual(unlimited, { ok: true, value: "no deadline", output: [], calls: [] });
@@ -605,7 +640,8 @@ test("Lab 16.4 · codemode 工具：model-only、说明列出可调用的工具�
   assert.doesNotMatch(tool.description, /第二行/);
   // 说明还交代了写法、结果的形状和沙箱里没有什么；没有可调用的工具时列表写“（无）”。
   for (const part of [/QuickJS/, /await tools\.<name>\(args\)/, /return/, /console\.log/, /\{ text, details\? \}/, /fetch/]) assert.match(tool.description, part);
-  assert.match(createCodemodeTool(new ToolRegistry([])).description, /\n（无）$/);
+  assert.doesNotMatch(tool.description, /（无）/);
+  assert.match(createCodemodeTool(new ToolRegistry([])).description, /\n可调用的工具：\n（无）$/);
   assert.deepEqual(registry.definitions().map((definition) => definition.name), ["codemode"]);
 
   const success = await executeToolCall(
