@@ -86,6 +86,28 @@ export function isHostToWorkerMessage(value: unknown): value is HostToWorkerMess
   );
 }
 
+/** discardingWasi 给出的 WASI 函数：只有 fd_write。 */
+export interface DiscardingWasi {
+  fd_write(fd: number, iovs: number, iovsLength: number, writtenPointer: number): number;
+}
+
+/**
+ * QuickJS.create 的 wasi 选项。引擎自己写到 fd 1/2 的字节，quickjs-wasi 默认的实现会转给宿主进程的 stdout/stderr，
+ * 混进宿主的输出（宿主的 stdout 可能正是一条协议通道）。这里把它们丢掉，只把写了多少字节回报到 writtenPointer，
+ * C 库看到“全写完了”就不会重试。脚本的输出只走 console → output 消息这一条路。
+ */
+export function discardingWasi(memory: WebAssembly.Memory): DiscardingWasi {
+  return {
+    fd_write(_fd, iovs, iovsLength, writtenPointer) {
+      const view = new DataView(memory.buffer);
+      let total = 0;
+      for (let i = 0; i < iovsLength; i += 1) total += view.getUint32(iovs + i * 8 + 4, true);
+      view.setUint32(writtenPointer, total, true);
+      return 0;
+    },
+  };
+}
+
 /**
  * 在虚拟机里求值的前导代码。求值结果是一个函数 (bridge, toolsJson) => { settle, run, stalled }：
  *

@@ -5,6 +5,7 @@ import { parentPort, workerData } from "node:worker_threads";
 import { JSException, MAX_STACK_SIZE, QuickJS, type JSValueHandle } from "quickjs-wasi";
 import {
   PRELUDE_SOURCE,
+  discardingWasi,
   isHostToWorkerMessage,
   type CodemodeWorkerData,
   type WorkerToHostMessage,
@@ -55,6 +56,8 @@ async function main(data: CodemodeWorkerData): Promise<void> {
     maxStackSize: Math.floor(MAX_STACK_SIZE / 2),
     // 轮询远比“每条指令一次”稀疏：截止时间由宿主的时钟决定，这里只读宿主写下的标志。
     interruptHandler: () => Atomics.load(interrupt, 0) !== 0,
+    // 引擎自己的 stdout/stderr 不进宿主的输出。
+    wasi: discardingWasi,
   });
 
   const bridge = vm.newFunction("bridge", (...args: JSValueHandle[]) => {

@@ -13,7 +13,7 @@ import {
   type CodemodeScriptTool,
   type CodemodeToolDetails,
 } from "../src/codemode.js";
-import { MAX_OUTPUT_CHARS, MAX_OUTPUT_ITEMS, type CodemodeWorkerData, type WorkerToHostMessage } from "../src/codemode-protocol.js";
+import { MAX_OUTPUT_CHARS, MAX_OUTPUT_ITEMS, discardingWasi, type CodemodeWorkerData, type WorkerToHostMessage } from "../src/codemode-protocol.js";
 import { ScriptedModel } from "../src/scripted-model.js";
 import {
   executeToolCall,
@@ -376,6 +376,31 @@ test("Lab 16.1 · 输出有上限：超出时脚本以 RangeError 结束，已�
   const empty = await run("for (;;) console.log('');");
   assert.equal(empty.ok, false);
   assert.equal(empty.output.length, MAX_OUTPUT_ITEMS, "空字符串也算一次 console 调用");
+
+  // 引擎自己写到 fd 1/2 的字节也不是输出：给出的 discardingWasi 收下两段（5 + 7 字节），回报写了 12，宿主那边什么也没打印。
+  const memory = { buffer: new ArrayBuffer(128) } as WebAssembly.Memory; // 垫片只读 memory.buffer
+  const view = new DataView(memory.buffer);
+  new Uint8Array(memory.buffer).set(new TextEncoder().encode("hello engine"), 64);
+  view.setUint32(16, 64, true);
+  view.setUint32(20, 5, true);
+  view.setUint32(24, 69, true);
+  view.setUint32(28, 7, true);
+  view.setUint32(8, 999, true);
+  const printed: unknown[] = [];
+  const stdoutWrite = process.stdout.write;
+  const stderrWrite = process.stderr.write;
+  process.stdout.write = ((chunk: unknown) => printed.push(chunk) > 0) as typeof process.stdout.write;
+  process.stderr.write = ((chunk: unknown) => printed.push(chunk) > 0) as typeof process.stderr.write;
+  let errno: number;
+  try {
+    errno = discardingWasi(memory).fd_write(2, 16, 2, 8);
+  } finally {
+    process.stdout.write = stdoutWrite;
+    process.stderr.write = stderrWrite;
+  }
+  assert.equal(errno, 0);
+  assert.equal(view.getUint32(8, true), 12, "回报的是所有分段的字节数之和");
+  assert.deepEqual(printed, []);
 });
 
 // ---------------------------------------------------------------------------
