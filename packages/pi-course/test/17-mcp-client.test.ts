@@ -1,9 +1,10 @@
 import assert from "node:assert/strict";
-import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import test, { afterEach } from "node:test";
 import {
+  InMemoryTransport,
   JSON_RPC_ERROR_CODES,
   LATEST_PROTOCOL_VERSION,
   McpAbortError,
@@ -18,10 +19,10 @@ import {
   isJsonRpcResponse,
   parseJsonRpcMessage,
   splitJsonRpcLines,
-  type InMemoryTransport,
   type JsonRpcMessage,
   type JsonRpcRequest,
   type McpToolInfo,
+  type StdioTransportOptions,
 } from "../src/mcp.js";
 import { createRuntime } from "../src/composition.js";
 import {
@@ -207,6 +208,23 @@ test("Lab 17.1 · 握手：initialize → notifications/initialized；重复 con
   const client = newClient();
   assert.equal(client.connectionState, "idle");
   assert.equal(client.serverInfo, undefined);
+  assert.equal(client.protocolVersion, undefined);
+  assert.equal(client.instructions, undefined);
+  // 还没连上：通知发不出去；没连过就关掉的客户端直接是 closed，再也连不上。
+  await assert.rejects(client.notify("notifications/early"), (error: unknown) => error instanceof McpConnectionClosedError && /idle/.test(error.message));
+  const neverConnected = newClient();
+  await neverConnected.close();
+  assert.equal(neverConnected.connectionState, "closed");
+  await assert.rejects(neverConnected.connect(createInMemoryTransportPair().client), /closed state/);
+  // 客户端自己的订阅也能退订。
+  let unheard = 0;
+  client.onError(() => (unheard += 1))();
+  client.onClose(() => (unheard += 1))();
+  const errors: Error[] = [];
+  client.onError((error) => errors.push(error));
+  // 传输的三种订阅都返回退订函数：退订之后这一端的消息、错误、关闭都不再通知它。
+  const offServer = [serverSide.onMessage(() => (unheard += 1)), serverSide.onError(() => (unheard += 1)), serverSide.onClose(() => (unheard += 1))];
+  for (const off of offServer) off();
 
   const connecting = client.connect(clientSide);
   const stateWhileConnecting = client.connectionState;
@@ -231,8 +249,44 @@ test("Lab 17.1 · 握手：initialize → notifications/initialized；重复 con
   assert.deepEqual(client.serverInfo, { name: "fake", version: "2.0.0" });
   assert.equal(client.protocolVersion, LATEST_PROTOCOL_VERSION);
   assert.equal(client.instructions, "fake instructions");
+  assert.equal(LATEST_PROTOCOL_VERSION, "2025-11-25");
 
   await assert.rejects(client.connect(createInMemoryTransportPair().client), /connected state/);
+  assert.equal(client.connectionState, "connected");
+
+  // 连上之后两个方向都通：通知原样送达（没有 params 就没有 params 键）；服务器发来的 ping 得到空结果，别的请求得到 -32601；
+  // 同一个方法可以有几个监听者，退订的那个不再被调用；没人订阅的通知、传输自己报的错误都不影响连接。
+  const notes: string[] = [];
+  const offFirst = client.onNotification("notifications/message", (params) => notes.push(`first ${JSON.stringify(params)}`));
+  client.onNotification("notifications/message", (params) => notes.push(`second ${JSON.stringify(params)}`));
+  client.onNotification("notifications/progress", () => {
+    throw new Error("listener broke");
+  });
+  await client.notify("notifications/progress", { progress: 1 });
+  await client.notify("notifications/roots/list_changed");
+  await settle();
+  assert.deepEqual(server.received.slice(2), [
+    { jsonrpc: "2.0", method: "notifications/progress", params: { progress: 1 } },
+    { jsonrpc: "2.0", method: "notifications/roots/list_changed" },
+  ]);
+  await serverSide.send({ jsonrpc: "2.0", method: "notifications/message", params: { n: 1 } });
+  await serverSide.send({ jsonrpc: "2.0", method: "notifications/nobody-listens" });
+  await serverSide.send({ jsonrpc: "2.0", id: "s-1", method: "ping" });
+  await serverSide.send({ jsonrpc: "2.0", id: "s-2", method: "sampling/createMessage", params: {} });
+  await settle();
+  offFirst();
+  await serverSide.send({ jsonrpc: "2.0", method: "notifications/message", params: { n: 2 } });
+  await serverSide.send({ jsonrpc: "2.0", method: "notifications/progress" });
+  clientSide.emitError(new Error("wire hiccup"));
+  serverSide.emitError(new Error("server-side hiccup"));
+  await settle();
+  assert.deepEqual(notes, ['first {"n":1}', 'second {"n":1}', 'second {"n":2}']);
+  assert.deepEqual(errors.map((error) => error.message), ["listener broke", "wire hiccup"]);
+  assert.deepEqual(server.received.slice(4, 5), [{ jsonrpc: "2.0", id: "s-1", result: {} }]);
+  const refusal = server.received[5] as { jsonrpc?: string; id?: unknown; error?: { code: number; message: string } };
+  assert.deepEqual([refusal.jsonrpc, refusal.id, refusal.error?.code], ["2.0", "s-2", JSON_RPC_ERROR_CODES.methodNotFound]);
+  assert.match(refusal.error!.message, /sampling\/createMessage/);
+  assert.equal(server.received.length, 6);
   assert.equal(client.connectionState, "connected");
 
   let closes = 0;
@@ -245,6 +299,16 @@ test("Lab 17.1 · 握手：initialize → notifications/initialized；重复 con
   assert.equal(closes, 1);
   assert.equal(client.connectionState, "closed");
   await assert.rejects(client.request("tools/list"), (error: unknown) => error instanceof McpConnectionClosedError && /MCP client is closed/.test(error.message));
+  await assert.rejects(client.notify("notifications/late"), (error: unknown) => error instanceof McpConnectionClosedError && /closed/.test(error.message));
+  assert.equal(unheard, 0);
+
+  // 内存传输：关掉的一对不再发送；没有对端的端点发不出去，但可以关掉；关掉之后也不能再 start。
+  const closedAsConnectionError = (error: unknown) => error instanceof McpConnectionClosedError && /closed/.test(error.message);
+  await assert.rejects(clientSide.send({ jsonrpc: "2.0", method: "notifications/late" }), closedAsConnectionError);
+  const lone = new InMemoryTransport();
+  await assert.rejects(lone.send({ jsonrpc: "2.0", method: "notifications/nowhere" }), closedAsConnectionError);
+  await lone.close();
+  await assert.rejects(lone.start(), closedAsConnectionError);
 });
 
 test("Lab 17.1 · 版本协商：不支持的版本关闭连接且不发 initialized；2024-11-05 可以接受", HANG_GUARD, async () => {
@@ -268,11 +332,42 @@ test("Lab 17.1 · 版本协商：不支持的版本关闭连接且不发 initial
   await assert.rejects(confused.connect(broken.client), /Invalid MCP initialize result/);
   assert.equal(confused.connectionState, "closed");
 
+  // 结果的每个字段都要检查：不是对象、版本不是字符串、capabilities 或 serverInfo 不对、instructions 不是字符串，都是同一个错误。
+  const answering = (result: unknown) => {
+    const pair = createInMemoryTransportPair();
+    pair.server.onMessage((message) => {
+      if (isJsonRpcRequest(message)) void pair.server.send({ jsonrpc: "2.0", id: message.id, result });
+    });
+    return newClient().connect(pair.client);
+  };
+  const info = { name: "odd", version: "0.1" };
+  const shapes: unknown[] = [
+    null,
+    { protocolVersion: 20251125, capabilities: {}, serverInfo: info },
+    { protocolVersion: LATEST_PROTOCOL_VERSION, capabilities: [], serverInfo: info },
+    { protocolVersion: LATEST_PROTOCOL_VERSION, capabilities: {} },
+    { protocolVersion: LATEST_PROTOCOL_VERSION, capabilities: {}, serverInfo: { version: "0.1" } },
+    { protocolVersion: LATEST_PROTOCOL_VERSION, capabilities: {}, serverInfo: { name: "odd" } },
+    { protocolVersion: LATEST_PROTOCOL_VERSION, capabilities: {}, serverInfo: info, instructions: 42 },
+  ];
+  for (const shape of shapes) {
+    await assert.rejects(answering(shape), (error: unknown) => error instanceof Error && error.message === "Invalid MCP initialize result", JSON.stringify(shape));
+  }
+  // 没有 instructions 的结果里也就没有这个键。
+  const plainResult = await answering({ protocolVersion: "2025-06-18", capabilities: {}, serverInfo: info });
+  assert.deepEqual(plainResult, { protocolVersion: "2025-06-18", capabilities: {}, serverInfo: info });
+
   const { client, server } = await connectedPair({ protocolVersion: "2024-11-05" });
   assert.equal(client.connectionState, "connected");
   assert.equal(client.protocolVersion, "2024-11-05");
   assert.deepEqual(server.methods(), ["initialize", "notifications/initialized"]);
   await client.close();
+  // 两个中间版本同样可以接受。
+  for (const version of ["2025-06-18", "2025-03-26"]) {
+    const older = await connectedPair({ protocolVersion: version });
+    assert.equal(older.client.protocolVersion, version);
+    await older.client.close();
+  }
 });
 
 // ---------------------------------------------------------------------------
@@ -299,6 +394,16 @@ test("Lab 17.2 · 三页 tools/list：第一页不带参数，之后带 cursor�
   assert.equal(nullEnd.server.requests("tools/list").length, 1);
   await nullEnd.client.close();
 
+  // 没有描述的工具就没有 description 键；不是字符串的游标、不是数组的 tools 都让整页被拒绝。
+  const bare = await connectedPair({ pages: [[{ name: "bare", inputSchema: { type: "object" } }]] });
+  assert.deepEqual(await bare.client.listTools(), [{ name: "bare", inputSchema: { type: "object" } }]);
+  const numbered = await connectedPair({ pages: [[tool("a")]], lastCursor: 2 });
+  await assert.rejects(numbered.client.listTools(), (error: unknown) => error instanceof Error && error.message === "Invalid MCP tools/list result");
+  assert.equal(numbered.server.requests("tools/list").length, 1);
+  const notList = await connectedPair({ pages: ["tools" as unknown as unknown[]] });
+  await assert.rejects(notList.client.listTools(), (error: unknown) => error instanceof Error && error.message === "Invalid MCP tools/list result");
+  await Promise.all([bare.client.close(), numbered.client.close(), notList.client.close()]);
+
   const broken = await connectedPair({ pages: [[tool("fine"), { name: "no-schema" }]] });
   await assert.rejects(broken.client.listTools(), /Invalid entry in MCP tools\/list result/);
   const unnamed = await connectedPair({ pages: [[{ inputSchema: {} }]] });
@@ -314,7 +419,34 @@ test("Lab 17.2 · 服务器重复给出同一个游标：第二次请求之后�
   assert.equal(server.requests("tools/list").length, 2);
   assert.equal(client.connectionState, "connected");
   await client.close();
+
+  // 另一种兜圈子：游标每次都不同、永远有下一页。第 MAX_TOOL_LIST_PAGES（1000）页之后停下。
+  // （一台只会这一件事的服务器：不记录消息；请求不装计时器，免得一千页拖慢测试。）
+  const endless = createInMemoryTransportPair();
+  let pages = 0;
+  endless.server.onMessage((message) => {
+    if (!isJsonRpcRequest(message)) return;
+    const result = message.method === "initialize"
+      ? { protocolVersion: LATEST_PROTOCOL_VERSION, capabilities: {}, serverInfo: { name: "endless", version: "1" } }
+      : { tools: [], nextCursor: `page-${(pages += 1)}` };
+    void endless.server.send({ jsonrpc: "2.0", id: message.id, result });
+  });
+  const looping = newClient();
+  await looping.connect(endless.client);
+  await assert.rejects(looping.listTools({ timeoutMs: Infinity }), /MCP tools\/list exceeded 1000 pages/);
+  assert.equal(pages, 1000);
+  assert.equal(looping.connectionState, "connected");
+  await looping.close();
 });
+
+/** 形状不对的 tools/call 结果，按工具名取。 */
+const BROKEN_RESULTS: Record<string, unknown> = {
+  nothing: null,
+  prose: { content: "just text" },
+  hole: { content: [null] },
+  untyped: { content: [{ text: "no type" }] },
+  textless: { content: [{ type: "text" }] },
+};
 
 test("Lab 17.2 · tools/call：arguments 只在给出时发送，缺 content 记为空列表，服务器错误变成带码的 McpError", HANG_GUARD, async () => {
   const { client, server } = await connectedPair({
@@ -322,6 +454,7 @@ test("Lab 17.2 · tools/call：arguments 只在给出时发送，缺 content 记
       if (name === "search") return { content: [{ type: "text", text: `found ${JSON.stringify(args)}` }], structuredContent: { hits: 1 } };
       if (name === "quiet") return {};
       if (name === "weird") return { content: [], structuredContent: [1, 2] };
+      if (Object.hasOwn(BROKEN_RESULTS, name)) return BROKEN_RESULTS[name];
       throw new McpError(JSON_RPC_ERROR_CODES.invalidParams, `unknown tool ${name}`);
     },
   });
@@ -336,9 +469,13 @@ test("Lab 17.2 · tools/call：arguments 只在给出时发送，缺 content 记
   assert.deepEqual(calls[1]!.params, { name: "quiet" });
 
   await assert.rejects(client.callTool("weird", {}), /tools\/call/);
+  // 结果不是对象、content 不是数组、某一块不是对象或没有字符串 type、text 块没有 text：都是形状错误。
+  for (const name of Object.keys(BROKEN_RESULTS)) {
+    await assert.rejects(client.callTool(name, {}), (error: unknown) => error instanceof Error && error.message === "Invalid MCP tools/call result", name);
+  }
   await assert.rejects(
     client.callTool("missing", {}),
-    (error: unknown) => error instanceof McpError && error.code === -32602 && error.message === "unknown tool missing",
+    (error: unknown) => error instanceof McpError && error.name === "McpError" && error.code === -32602 && error.message === "unknown tool missing",
   );
   assert.equal(client.connectionState, "connected");
   await client.close();
@@ -349,12 +486,12 @@ test("Lab 17.2 · tools/call：arguments 只在给出时发送，缺 content 记
 // ---------------------------------------------------------------------------
 
 test("Lab 17.3 · 超时：拒绝调用者并发一次 cancelled，连接保留，迟到的应答只报告；initialize 超时则静默关闭", HANG_GUARD, async () => {
-  const { client, server, errors } = await connectedPair({
+  const { client, server, errors, clientSide } = await connectedPair({
     gate: (request) => (request.params as { name?: string } | undefined)?.name !== "slow",
   });
   await assert.rejects(
     client.callTool("slow", {}, { timeoutMs: 20 }),
-    (error: unknown) => error instanceof McpTimeoutError && error.timeoutMs === 20,
+    (error: unknown) => error instanceof McpTimeoutError && error.name === "McpTimeoutError" && error.timeoutMs === 20 && /20 ms/.test(error.message),
   );
   const slow = server.held[0]!;
   await settle();
@@ -368,6 +505,20 @@ test("Lab 17.3 · 超时：拒绝调用者并发一次 cancelled，连接保留�
   server.answer(slow);
   await settle();
   assert.deepEqual(errors.map((error) => error.message), [`Received response for unknown MCP request ${slow.id}`]);
+  assert.equal(client.connectionState, "connected");
+
+  // timeoutMs: Infinity 表示不装计时器：应答来得再晚也照常交付。
+  const patient = client.callTool("slow", { patient: true }, { timeoutMs: Infinity });
+  await sleep(30);
+  server.answer(server.held[1]!);
+  assert.deepEqual(await patient, { content: [] });
+  // 取消通知发不出去：调用者照样拿到超时，发送的错误只交给 onError，连接不受影响。
+  const send = clientSide.send.bind(clientSide);
+  clientSide.send = (message) =>
+    "method" in message && message.method === "notifications/cancelled" ? Promise.reject(new Error("cancel lost")) : send(message);
+  await assert.rejects(client.callTool("slow", {}, { timeoutMs: 20 }), McpTimeoutError);
+  await settle();
+  assert.deepEqual(errors.slice(1).map((error) => error.message), ["cancel lost"]);
   assert.equal(client.connectionState, "connected");
   await client.close();
 
@@ -388,7 +539,7 @@ test("Lab 17.3 · 超时：拒绝调用者并发一次 cancelled，连接保留�
 });
 
 test("Lab 17.3 · 取消：已中止的 signal 不发送，发送后中止带上原因；传输关闭时所有待答请求一起被拒绝", HANG_GUARD, async () => {
-  const { client, server, serverSide } = await connectedPair({ gate: (request) => request.method !== "tools/call" });
+  const { client, server, serverSide, clientSide } = await connectedPair({ gate: (request) => request.method !== "tools/call" });
 
   const before = server.received.length;
   const aborted = new AbortController();
@@ -406,11 +557,25 @@ test("Lab 17.3 · 取消：已中止的 signal 不发送，发送后中止带上
     call,
     (error: unknown) => error instanceof McpAbortError && error.name === "AbortError" && error.message === "user cancelled",
   );
+  // 原因是一个 Error 时，用它的 message。
+  const stopper = new AbortController();
+  const stopped = client.callTool("x", {}, { signal: stopper.signal });
+  await settle();
+  stopper.abort(new Error("stop now"));
+  await assert.rejects(stopped, (error: unknown) => error instanceof McpAbortError && error.message === "stop now");
   await settle();
   assert.deepEqual(
     server.notifications("notifications/cancelled").map((message) => (message as { params?: unknown }).params),
-    [{ requestId: sent.id, reason: "user cancelled" }],
+    [{ requestId: sent.id, reason: "user cancelled" }, { requestId: server.held[1]!.id, reason: "stop now" }],
   );
+  // 请求根本没送出去：只拒绝本地这一项，不发取消通知，连接照常。
+  const realSend = clientSide.send.bind(clientSide);
+  clientSide.send = (message) => (isJsonRpcRequest(message) ? Promise.reject(new Error("wire down")) : realSend(message));
+  await assert.rejects(client.callTool("never-sent", {}), /wire down/);
+  clientSide.send = realSend;
+  await settle();
+  assert.equal(server.notifications("notifications/cancelled").length, 2);
+  assert.equal(client.connectionState, "connected");
 
   let closes = 0;
   client.onClose(() => {
@@ -420,11 +585,17 @@ test("Lab 17.3 · 取消：已中止的 signal 不发送，发送后中止带上
   const second = client.listTools().then(() => client.callTool("b", {}));
   await settle();
   await serverSide.close();
-  await assert.rejects(first, McpConnectionClosedError);
+  await assert.rejects(
+    first,
+    (error: unknown) => error instanceof McpConnectionClosedError && error.name === "McpConnectionClosedError" && /closed/.test(error.message),
+  );
   await assert.rejects(second, McpConnectionClosedError);
   assert.equal(client.connectionState, "closed");
   assert.equal(closes, 1);
   await assert.rejects(client.callTool("c", {}), /MCP client is closed/);
+  // 传输先关、之后调用者再 close()：照样只通知一次。
+  await client.close();
+  assert.equal(closes, 1);
 });
 
 // ---------------------------------------------------------------------------
@@ -433,8 +604,16 @@ test("Lab 17.3 · 取消：已中止的 signal 不发送，发送后中止带上
 
 /** 测试写到临时目录里的 stdio 服务器：一行一条 JSON-RPC，只用 Node 内置模块。 */
 const STDIO_SERVER = String.raw`
+const fs = require("node:fs");
 const readline = require("node:readline");
 const write = (message) => process.stdout.write(JSON.stringify(message) + "\n");
+// FIXTURE_MARKS：把收尾的经过逐行记进这个文件。FIXTURE_STUBBORN：既不理会 stdin 关闭，也不理会 SIGTERM。
+const mark = (what) => process.env.FIXTURE_MARKS && fs.appendFileSync(process.env.FIXTURE_MARKS, what + "\n");
+const stubborn = process.env.FIXTURE_STUBBORN === "1";
+process.on("SIGTERM", () => {
+  mark("SIGTERM");
+  if (!stubborn) process.exit(0);
+});
 const lines = readline.createInterface({ input: process.stdin });
 lines.on("line", (line) => {
   if (line.trim() === "") return;
@@ -463,24 +642,32 @@ lines.on("line", (line) => {
     write({ jsonrpc: "2.0", id: message.id, error: { code: -32601, message: "Method not found: " + message.method } });
   }
 });
-lines.on("close", () => setTimeout(() => process.exit(0), 20));
+lines.on("close", () => {
+  mark("stdin closed");
+  // 收尾时留下几个空格、不换行：退出时缓冲里只剩空白，不算残缺的消息。
+  process.stdout.write("  ");
+  if (stubborn) setInterval(() => undefined, 1000);
+  else setTimeout(() => process.exit(0), 20);
+});
 `;
 
 /**
  * 在临时目录里写出服务器脚本，交给 body 一个启动传输的函数。无论 body 成败，最后都强行结束还活着的子进程：
  * 一个没做完的 close() 不能让测试进程因为子进程的管道而停不下来。
  */
-async function withStdioServer(body: (start: (env?: Record<string, string>) => StdioTransport) => Promise<void>): Promise<void> {
+async function withStdioServer(
+  body: (start: (env?: Record<string, string>, options?: Partial<StdioTransportOptions>) => StdioTransport, file: string) => Promise<void>,
+): Promise<void> {
   const dir = await mkdtemp(path.join(os.tmpdir(), "pi-course-mcp-"));
   const started: StdioTransport[] = [];
   try {
     const file = path.join(dir, "server.cjs");
     await writeFile(file, STDIO_SERVER);
-    await body((env) => {
-      const transport = new StdioTransport({ command: process.execPath, args: [file], ...(env === undefined ? {} : { env }) });
+    await body((env, options = {}) => {
+      const transport = new StdioTransport({ command: process.execPath, args: [file], ...(env === undefined ? {} : { env }), ...options });
       started.push(transport);
       return transport;
-    });
+    }, file);
   } finally {
     for (const transport of started) {
       if (transport.pid !== undefined && processAlive(transport.pid)) process.kill(transport.pid, "SIGKILL");
@@ -499,13 +686,24 @@ function processAlive(pid: number): boolean {
 }
 
 test("Lab 17.4 · 真实子进程：握手、列出、调用；env 叠加在 process.env 上；close 之后进程已经不在", CHILD_GUARD, async () => {
-  await withStdioServer(async (start) => {
-    const transport = start({ FIXTURE_NOTE: "from env" });
+  await withStdioServer(async (start, file) => {
+    const notRunning = (error: unknown) => error instanceof McpConnectionClosedError && /not running/.test(error.message);
+    const marks = path.join(path.dirname(file), "marks.txt");
+    const env = { FIXTURE_NOTE: "from env", FIXTURE_MARKS: marks };
+    const args = [file];
+    const transport = start(env, { args, graceMs: 5_000 });
+    // options 在构造时复制：之后再改调用者的对象或数组，不影响启动的子进程。
+    env.FIXTURE_NOTE = "changed after construction";
+    args[0] = path.join(path.dirname(file), "missing.cjs");
     assert.equal(transport.pid, undefined);
     assert.equal(transport.options.command, process.execPath);
-    assert.deepEqual(transport.options.env, { FIXTURE_NOTE: "from env" });
+    assert.deepEqual(transport.options.env, { FIXTURE_NOTE: "from env", FIXTURE_MARKS: marks });
+    await assert.rejects(transport.send({ jsonrpc: "2.0", method: "early" }), notRunning);
+    const transportErrors: Error[] = [];
+    transport.onError((error) => transportErrors.push(error));
     const client = newClient();
     const result = await client.connect(transport);
+    await assert.rejects(transport.start(), /already started/);
     assert.deepEqual(result.serverInfo, { name: "stdio-fixture", version: "1" });
     assert.equal(result.protocolVersion, LATEST_PROTOCOL_VERSION);
     assert.equal(result.instructions, "from env");
@@ -525,7 +723,45 @@ test("Lab 17.4 · 真实子进程：握手、列出、调用；env 叠加在 pro
     await transport.close();
     assert.equal(processAlive(pid!), false);
     assert.equal(closes, 1);
-    await assert.rejects(transport.send({ jsonrpc: "2.0", method: "late" }), McpConnectionClosedError);
+    await assert.rejects(transport.send({ jsonrpc: "2.0", method: "late" }), notRunning);
+    // 服务器在宽限期里自己退出：只关了 stdin，没收到 SIGTERM；缓冲里最后只剩空白，不算残缺的消息。
+    assert.deepEqual((await readFile(marks, "utf8")).split("\n").filter(Boolean), ["stdin closed"]);
+    assert.deepEqual(transportErrors, []);
+
+    // 既不理会 stdin 关闭、也不理会 SIGTERM 的服务器：宽限期后 SIGTERM，再等 closeTimeoutMs，最后 SIGKILL，close() 照样结束。
+    // （先等它应答一次：说明它已经装好了 SIGTERM 的处理。）
+    const stubborn = start({ FIXTURE_STUBBORN: "1" }, { graceMs: 20, closeTimeoutMs: 20 });
+    const answered = new Promise<void>((ready) => stubborn.onMessage(() => ready()));
+    await stubborn.start();
+    await stubborn.send({ jsonrpc: "2.0", id: 1, method: "tools/list" });
+    await answered;
+    const stubbornPid = stubborn.pid!;
+    await stubborn.close();
+    assert.equal(processAlive(stubbornPid), false);
+
+    // 从没启动就关掉：只发一次 close，之后也不能再 start。
+    const unused = start();
+    let unusedCloses = 0;
+    unused.onClose(() => {
+      unusedCloses += 1;
+    });
+    await unused.close();
+    await unused.close();
+    assert.equal(unusedCloses, 1);
+    await assert.rejects(unused.start(), (error: unknown) => error instanceof McpConnectionClosedError && /closed/.test(error.message));
+    assert.equal(unused.pid, undefined);
+
+    // 命令不存在：connect 以 spawn 的错误失败，连接关闭，close 只通知一次。
+    const missing = new StdioTransport({ command: path.join(path.dirname(file), "no-such-server") });
+    assert.deepEqual(missing.options, { command: path.join(path.dirname(file), "no-such-server") });
+    let missingCloses = 0;
+    missing.onClose(() => {
+      missingCloses += 1;
+    });
+    const refused = newClient();
+    await assert.rejects(refused.connect(missing), (error: unknown) => (error as NodeJS.ErrnoException).code === "ENOENT");
+    assert.equal(refused.connectionState, "closed");
+    assert.equal(missingCloses, 1);
   });
 });
 
@@ -535,11 +771,39 @@ test("Lab 17.4 · 分帧：半行留到下一块，空行跳过，坏行只报�
   assert.deepEqual(first.errors, []);
   assert.equal(first.rest, '{"jsonrpc":"2.0",');
 
-  const second = splitJsonRpcLines(first.rest, '"id":1,"result":{}}\r\n   \nnot json\n{"jsonrpc":"2.0","id":2}\n{"jsonrpc":"2.0","method":"b"}');
+  const second = splitJsonRpcLines(first.rest, '"id":1,"result":{}}\r\n   \nnot json\r\n{"jsonrpc":"2.0","id":2}\n{"jsonrpc":"2.0","method":"b"}');
   assert.deepEqual(second.messages, [{ jsonrpc: "2.0", id: 1, result: {} }]);
   assert.equal(second.errors.length, 2);
   assert.ok(second.errors.every((error) => error instanceof Error));
   assert.equal(second.rest, '{"jsonrpc":"2.0","method":"b"}');
+  // 非 JSON 是 -32700，错误里引用这一行（不带行尾的回车）；是 JSON 却不是消息，是 -32600。
+  const codes = (errors: Error[]) => errors.map((error) => (error instanceof McpError ? error.code : error.name));
+  assert.deepEqual(codes(second.errors), [JSON_RPC_ERROR_CODES.parseError, JSON_RPC_ERROR_CODES.invalidRequest]);
+  assert.match(second.errors[0]!.message, /not json$/);
+
+  // 每一种不是消息的 JSON 行各记一条 -32600；行首的回车不影响解析；很长的坏行在错误里只截取开头。
+  const notMessages = [
+    "null",
+    '{"jsonrpc":"2.0","id":1e999,"method":"x"}',
+    '{"jsonrpc":"2.0","id":1,"error":{"code":1,"message":5}}',
+    '{"jsonrpc":"2.0","id":1,"method":"x","result":{}}',
+    '{"jsonrpc":"2.0","id":1,"method":"x","error":{"code":1,"message":"m"}}',
+    '{"jsonrpc":"1.0","method":"x"}',
+    '{"jsonrpc":"2.0","method":5}',
+    '{"jsonrpc":"2.0","method":"x","result":{}}',
+    '{"jsonrpc":"2.0","method":"x","error":{"code":1,"message":"m"}}',
+    '{"jsonrpc":"1.0","id":1,"result":{}}',
+    '{"jsonrpc":"2.0","result":{}}',
+    '{"jsonrpc":"2.0","id":null,"result":{}}',
+    '{"jsonrpc":"2.0","id":1,"result":{},"params":{}}',
+  ];
+  const longLine = `{${"x".repeat(300)}`;
+  const third = splitJsonRpcLines("", [...notMessages, '\r{"jsonrpc":"2.0","method":"c"}', longLine, ""].join("\n"));
+  assert.deepEqual(third.messages, [{ jsonrpc: "2.0", method: "c" }]);
+  assert.deepEqual(codes(third.errors), [...notMessages.map(() => JSON_RPC_ERROR_CODES.invalidRequest), JSON_RPC_ERROR_CODES.parseError]);
+  const longError = third.errors.at(-1)!.message;
+  assert.ok(longError.includes(longLine.slice(0, 40)) && longError.length < longLine.length, longError);
+  assert.equal(third.rest, "");
 
   await withStdioServer(async (start) => {
     const transport = start();
@@ -560,11 +824,19 @@ test("Lab 17.4 · 分帧：半行留到下一块，空行跳过，坏行只报�
     assert.equal(events.filter((event) => event.startsWith("error")).length, 1);
     assert.equal(client.connectionState, "connected");
 
+    let closes = 0;
+    transport.onClose(() => {
+      closes += 1;
+    });
     events.length = 0;
     await assert.rejects(client.callTool("crash", {}), McpConnectionClosedError);
     assert.deepEqual(events, ["error MCP stdio server closed with an incomplete JSON-RPC message"]);
     assert.equal(client.connectionState, "closed");
+    // 子进程自己退出之后：send 被拒绝；再 close() 也不会第二次发出 close。
+    await assert.rejects(transport.send({ jsonrpc: "2.0", method: "late" }), McpConnectionClosedError);
     await client.close();
+    await transport.close();
+    assert.equal(closes, 1);
   });
 });
 
