@@ -4,7 +4,8 @@
 // 运行时的规则只有三条：
 // 1. 一个节点的依赖全部完成，它就立刻启动——同时就绪的节点并行运行；
 // 2. 一个节点失败，只有（直接或间接）依赖它的节点被判为 blocked，不运行；与它无关的分支照常跑完；
-// 3. signal 取消之后不再启动新节点，还没启动的记为 cancelled，正在跑的节点自己收到 signal。
+// 3. signal 取消之后不再启动新节点，还没启动的记为 cancelled，正在跑的节点自己收到 signal；
+//    取消过的运行（没有全部完成时）整张图算 cancelled，哪怕最后一个节点是因为取消才失败的。
 // 执行器没有模块级的可变状态：每次 run 的全部进度都在这次调用自己的局部对象里。
 
 import type { JsonValue } from "../session.js";
@@ -156,7 +157,7 @@ export async function runDag(nodes: readonly DagNode[], task: RoutedTask, option
     hooks?.onNodeEnd?.(structuredClone(report));
   };
 
-  /** 依赖里第一个没有完成的节点（失败、被阻塞或取消），没有则 undefined。 */
+  /** 依赖里第一个失败或被阻塞的节点，没有则 undefined。 */
   const brokenDependency = (node: DagNode): DagNodeReport | undefined =>
     (node.dependsOn ?? []).map((id) => reports.get(id)).find((report) => report !== undefined && report.status !== "completed");
 
@@ -194,7 +195,8 @@ export async function runDag(nodes: readonly DagNode[], task: RoutedTask, option
   };
 
   for (;;) {
-    // 先传播：依赖坏了的节点判为 blocked（或在取消后判为 cancelled），直到没有新的判定为止。
+    // 先传播：依赖坏了（失败或被阻塞）的节点判为 blocked，blockedBy 指向真正失败的那个节点，直到没有新的判定为止。
+    // 这里遇不到已取消的依赖：取消之后，没启动的节点在下面一次全部判为 cancelled，不会有哪个还等着传播。
     let changed = true;
     while (changed) {
       changed = false;
@@ -202,9 +204,8 @@ export async function runDag(nodes: readonly DagNode[], task: RoutedTask, option
         if (reports.has(node.id) || running.has(node.id)) continue;
         const broken = brokenDependency(node);
         if (broken !== undefined) {
-          const cause = broken.status === "failed" ? broken.id : (broken.blockedBy ?? broken.id);
-          if (broken.status === "cancelled") settle({ id: node.id, status: "cancelled" });
-          else settle({ id: node.id, status: "blocked", blockedBy: cause, error: `依赖的节点 ${cause} 失败，没有运行` });
+          const cause = broken.blockedBy ?? broken.id;
+          settle({ id: node.id, status: "blocked", blockedBy: cause, error: `依赖的节点 ${cause} 失败，没有运行` });
           changed = true;
         }
       }
@@ -219,9 +220,8 @@ export async function runDag(nodes: readonly DagNode[], task: RoutedTask, option
   }
 
   const list = nodes.map((node) => reports.get(node.id)!);
-  const status = list.every((report) => report.status === "completed")
-    ? "completed"
-    : list.some((report) => report.status === "cancelled") ? "cancelled" : "failed";
+  // 有节点被判为 cancelled，必定是取消过；取消也可能只让正在跑的最后一个节点失败（它的模型调用回了 aborted）。
+  const status = list.every((report) => report.status === "completed") ? "completed" : signal?.aborted ? "cancelled" : "failed";
   return { status, nodes: structuredClone(list), started };
 }
 
