@@ -237,6 +237,18 @@ test("Lab 23.1 · DAG：依赖都完成的节点同时启动；一个节点失�
   assert.deepEqual(ran.sort(), ["audit", "logistics", "order"]);
   assert.ok(!started.includes("summary") && !started.includes("notify"), "被阻塞的节点一次都不运行");
   assert.equal(ends.length, 6, "每个节点恰好结束一次");
+  // 声明顺序与依赖方向相反：传播要一直做到没有新的判定，间接依赖同样指向失败的节点。
+  const reversed = await runDag(
+    [
+      node("c", ["b"], () => "c"),
+      node("b", ["a"], () => "b"),
+      node("a", [], () => {
+        throw new Error("a 坏了");
+      }),
+    ],
+    task,
+  );
+  assert.deepEqual(reversed.nodes.map((report) => `${report.id}:${report.status}:${report.blockedBy ?? "-"}`), ["c:blocked:a", "b:blocked:a", "a:failed:-"]);
 
   // 取消：正在跑的节点自己收到 signal；之后不再启动新节点，没开始的记为 cancelled。
   const controller = new AbortController();
@@ -276,10 +288,21 @@ test("Lab 23.1 · DAG：依赖都完成的节点同时启动；一个节点失�
   assert.deepEqual(mixed.nodes.map((report) => `${report.id}:${report.status}`), ["bad:failed", "slow:completed", "later:cancelled", "last:cancelled"]);
   assert.equal(mixed.status, "cancelled");
   assert.equal(mixed.nodes[3]!.blockedBy, undefined);
-  // 没有 signal 的运行，节点的上下文里也没有 signal。
+  // 节点里的模型调用也带着 signal：调用之前已经取消，模型回 aborted，这个节点失败（不拿空文本当输出），整张图算 cancelled。
+  const hush = new AbortController();
+  const askedAfterAbort = await runDag([modelNode("ask", { prompt: () => (hush.abort(), "你好") })], task, {
+    signal: hush.signal,
+    model: new ScriptedModel([reply("不该用到")]),
+  });
+  assert.equal(askedAfterAbort.status, "cancelled");
+  assert.equal(askedAfterAbort.nodes[0]!.status, "failed");
+  assert.match(askedAfterAbort.nodes[0]!.error ?? "", /^模型调用失败：/);
+  // 没有 signal 的运行，节点的上下文里也没有 signal；钩子都是可选的，只给 onNodeStart 也照常运行。
   let noSignal: unknown = "unset";
-  await runDag([node("n", [], (context) => ((noSignal = context.signal), "n"))], task);
+  const onlyStart: string[] = [];
+  await runDag([node("n", [], (context) => ((noSignal = context.signal), "n"))], task, { hooks: { onNodeStart: (id) => onlyStart.push(id) } });
   assert.equal(noSignal, undefined);
+  assert.deepEqual(onlyStart, ["n"]);
 
   // 节点拿到的任务与依赖输出都是副本，改了也不影响别的节点和报告；钩子拿到的报告也是副本。
   const starts: string[] = [];
@@ -310,11 +333,23 @@ test("Lab 23.1 · DAG：依赖都完成的节点同时启动；一个节点失�
   assert.equal(task.input, "ORD-7");
 
   // 节点的失败写在报告里：没有返回值、没配模型的图里调用模型、调用不存在的工具、工具结果是错误。
+  // 没配模型时，逐个读事件的节点看到的也是一条合格的失败流：一个 error 事件，带着同一句原因。
+  let missingInputs: unknown;
   const failures = await runDag(
     [
       node("empty", [], () => undefined as unknown as JsonValue),
       modelNode("ask", { prompt: () => "你好" }),
-      toolNode("missing", { tool: "no_such_tool", arguments: () => ({}) }),
+      toolNode("missing", { tool: "no_such_tool", arguments: (context) => ((missingInputs = context.inputs), {}) }),
+      {
+        id: "events",
+        async run(context) {
+          const seen: string[] = [];
+          for await (const event of context.model.stream({ messages: [] })) {
+            seen.push(`${event.type}:${String((event as { reason?: string }).reason)}:${String((event as { error?: AssistantMessage }).error?.errorMessage)}`);
+          }
+          return seen;
+        },
+      },
     ],
     task,
   );
@@ -323,6 +358,8 @@ test("Lab 23.1 · DAG：依赖都完成的节点同时启动；一个节点失�
   assert.match(failure.empty!, /empty 没有返回值/);
   assert.match(failure.ask!, /模型调用失败：这张图没有配置模型/);
   assert.match(failure.missing!, /no_such_tool/);
+  assert.deepEqual(missingInputs, {}, "没有依赖的节点，inputs 是空对象");
+  assert.deepEqual(failures.nodes[3]!.output, ["error:error:这张图没有配置模型"]);
   const erroring = new ToolRegistry([{ name: "flaky", description: "总是失败", schema: objectSchema({}), execute: async () => ({ content: [text("上游 503")], isError: true }) }]);
   const toolFailed = await runDag([toolNode("call", { tool: "flaky", arguments: () => ({}) })], task, { tools: erroring });
   assert.deepEqual(toolFailed.nodes[0], { id: "call", status: "failed", error: "上游 503" });
@@ -339,6 +376,8 @@ test("Lab 23.1 · DAG：依赖都完成的节点同时启动；一个节点失�
   assert.throws(() => validateDag([plain("")]), (error: unknown) => error instanceof InvalidDag && error.name === "InvalidDag" && /id/.test(error.message));
   assert.throws(() => validateDag([plain("x", ["x"])]), /环：x → x/);
   assert.throws(() => validateDag([plain("a"), plain("b", ["c"]), plain("c", ["d"]), plain("d", ["b"])]), /环：b → c → d → b/, "环上的路径从环的起点开始");
+  assert.throws(() => validateDag([plain("a", ["b"]), plain("b", ["c"]), plain("c", ["b"])]), /环：b → c → b$/, "通向环的 a 不在环上");
+  assert.throws(() => validateDag([{ run: () => 1 } as unknown as DagNode]), (error: unknown) => error instanceof InvalidDag && /id/.test(error.message));
   assert.deepEqual(validateDag([plain("a"), plain("b")]), ["a", "b"]);
   // 执行器：输出节点必须在图里；非字符串的输出写成 JSON；失败的节点写进 error。
   assert.throws(() => new DagExecutor({ name: "x", nodes: [plain("a")], output: "b" }), (error: unknown) => error instanceof InvalidDag && /输出节点 b 不在图里/.test(error.message));
@@ -346,6 +385,7 @@ test("Lab 23.1 · DAG：依赖都完成的节点同时启动；一个节点失�
   const objectOutput = await new DagExecutor({ name: "obj", nodes: [{ id: "a", run: () => ({ n: 1 }) }], output: "a" }).execute(task, { onStep: (step) => events.push(step) });
   assert.deepEqual([objectOutput.status, objectOutput.output, objectOutput.error], ["completed", '{"n":1}', undefined]);
   assert.deepEqual(events, [{ kind: "dag_node_start", node: "a" }, { kind: "dag_node_end", node: "a", status: "completed" }]);
+  assert.deepEqual(objectOutput.details, { nodes: [{ id: "a", status: "completed", output: { n: 1 } }], started: ["a"] }, "details 带着节点报告与启动顺序");
   const failedSteps: ExecutionStep[] = [];
   const broken = await new DagExecutor({
     name: "broken",
