@@ -37,6 +37,8 @@ import {
   ORCHESTRATION_KEY,
   type OrchestrationRecord,
   Orchestrator,
+  outcomeOf,
+  parseRouteReply,
   ReactExecutor,
   type RoutedTask,
   TaskRouter,
@@ -47,17 +49,21 @@ import {
   DEFAULT_PRICES,
   digest,
   estimateCost,
+  formatSpanLine,
   formatSpanTree,
+  messageText,
   readTaskLog,
   redactSecrets,
+  recordedTools,
   replayTask,
+  scriptFromLog,
   type Span,
   type TaskRecord,
 } from "../src/orchestration/spans.js";
 import { ScriptedModel, type ScriptedTurn } from "../src/scripted-model.js";
 import { type JsonValue } from "../src/session.js";
 import { type TaskHooks, TaskRuntime, type TaskToolContext } from "../src/task-runtime/task-runner.js";
-import { type TaskSnapshot } from "../src/task-runtime/task-state.js";
+import { type TaskSnapshot, type TaskStep } from "../src/task-runtime/task-state.js";
 import { TaskStore } from "../src/task-runtime/task-store.js";
 import { objectSchema, stringValue, type Tool, type ToolOutput, ToolRegistry } from "../src/tool.js";
 import {
@@ -138,6 +144,7 @@ test("Lab 23.1 · 路由：规则优先且不调用模型；规则没覆盖的�
     reply('{"route":"translate"}'),
     reply("我觉得应该走 report"),
     { stopReason: "error", errorMessage: "rate limited" },
+    reply('{"route":"report"}'),
   ]);
   const router = new TaskRouter({ routes, rules: { status_query: "status-query", report: "report" }, chooser, fallback: "react" });
 
@@ -165,11 +172,27 @@ test("Lab 23.1 · 路由：规则优先且不调用模型；规则没覆盖的�
   assert.equal(failed.by, "default");
   assert.match(failed.reason, /rate limited/);
   assert.equal(chooser.requests.length, 4);
+  // 路由模型的请求：格式写在 system 里，任务类型随输入一起给；调用方的 signal 也交给它（已取消就是一次失败的调用）。
+  assert.ok(prompt.includes('{"route":"路线名"}'), prompt);
+  assert.ok(prompt.split("\n").includes("- report：多步骤的报表"), "每条路线单独一行");
+  assert.equal(textOf(chooser.requests[0]!.messages.at(-1)!), "任务类型：refund_summary\n把上周的退款整理一下");
+  assert.equal(textOf(chooser.requests[1]!.messages.at(-1)!), "翻译这段话", "没有类型的任务只给输入");
+  assert.match(chosen.reason, /类型 refund_summary/);
+  const halt = new AbortController();
+  halt.abort();
+  const stopped = await router.route({ taskId: "t6", input: "取消了" }, { signal: halt.signal });
+  assert.deepEqual([stopped.executor, stopped.by], ["react", "default"]);
+  assert.match(stopped.reason, /路由模型调用失败/);
+  // 只有恰好一个带非空字符串 route 的 JSON 对象才算数（首尾空白可以有）。
+  assert.equal(parseRouteReply('  {"route":"report"}\n'), "report");
+  for (const bad of ["[]", "null", '"report"', '{"route":""}', '{"route":1}', '["report"]', "{"]) assert.equal(parseRouteReply(bad), undefined, bad);
+  assert.deepEqual(router.routeNames(), ["status-query", "report", "react"]);
 
   assert.throws(
     () => new TaskRouter({ routes, rules: { x: "nowhere" }, chooser, fallback: "react" }),
     /没有这条路线/,
   );
+  assert.throws(() => new TaskRouter({ routes, rules: {}, chooser, fallback: "nowhere" }), /默认路线 nowhere 不存在/);
 });
 
 test("Lab 23.1 · DAG：依赖都完成的节点同时启动；一个节点失败只阻塞依赖它的节点，无关分支照常完成；重名、未知依赖与环在运行前被拒绝", HANG_GUARD, async () => {
@@ -457,11 +480,14 @@ test("Lab 23.1 · 同一个查询：DAG 路径只调用一次模型，ReAct 循�
     });
     // 第 22 章的审计日志挂在 Orchestrator 的钩子上：DAG 任务的每次请求、每次调用、每次迁移都写进去。
     const audit = await AuditLog.open(path.join(dir, "audit.jsonl"));
+    assert.throws(() => new Orchestrator({ router, runtime, executors: { react: new ReactExecutor({ runtime }) } }), /路线 status-query 没有执行器/);
+    const reasons: string[] = [];
+    assert.deepEqual([new ReactExecutor({ runtime }).name, new ReactExecutor({ runtime }).kind], ["react", "react"]);
     const orchestrator = new Orchestrator({
       router,
       runtime,
       clock: () => 1_000,
-      hooks: [createAuditHooks(audit)],
+      hooks: [createAuditHooks(audit), { onEvent: (event) => void (event.kind === "commit" && event.taskId === "dag" && reasons.push(event.reason)) }],
       executors: { "status-query": status, react: new ReactExecutor({ runtime }) },
     });
     const query = "我的订单 ORD-7 到哪了？";
@@ -490,10 +516,19 @@ test("Lab 23.1 · 同一个查询：DAG 路径只调用一次模型，ReAct 循�
       "running→completed:completed",
     ]);
     assert.deepEqual(dag.context.steps.map((step) => step.stepId).sort((a, b) => a - b), [1, 2, 3, 4]);
+    assert.equal(dag.context.currentStep, 5, "下一个步骤号接在最后一步之后");
+    // 钩子收到的提交：先是路由决定，再是迁移、每次调用各一次，最后是结论与迁移同一批。
+    assert.deepEqual([reasons[0], reasons.at(-1), [...reasons].sort()], ["model", "transition", ["model", "model", "tool", "tool", "tool", "transition", "transition"]]);
+    assert.deepEqual(Object.keys(dag.context.extensions ?? {}), ["orchestration"], "路由数据在 extensions.orchestration 下");
+    assert.deepEqual((loop.context.extensions?.[ORCHESTRATION_KEY] as unknown as OrchestrationRecord).calls, [], "ReAct 路线的记录也有 calls");
+    const orderStep = dag.context.steps.find((step) => step.type === "tool_call" && step.tool === "query_order");
+    assert.equal(orderStep?.type === "tool_call" ? orderStep.result : "", "订单 ORD-7：已发货，运单号 SF100", "短结果原样留在步骤里");
+    assert.deepEqual(store.events("dag").at(-1)!.payload, { executor: "status-query", modelCalls: 1 });
     assert.deepEqual(dag.context.steps.map((step) => step.type).sort(), ["model_call", "tool_call", "tool_call", "tool_call"]);
     assert.deepEqual(dag.context.steps.at(-1)!.type, "model_call", "回答节点在三个工具节点之后");
     const record = dag.context.extensions?.[ORCHESTRATION_KEY] as unknown as OrchestrationRecord;
     assert.deepEqual(record.route, { executor: "status-query", kind: "dag", by: "rule", reason: "任务类型 status_query 命中规则" });
+    assert.deepEqual(Object.keys(record.details as object), ["nodes", "started"], "DAG 的节点报告与启动顺序记在 details 里");
     assert.deepEqual(Object.fromEntries(record.calls.map((call) => [call.step, call.node])), {
       [dag.context.steps.find((step) => step.type === "model_call")!.stepId]: "answer",
       ...Object.fromEntries(dag.context.steps.flatMap((step) => (step.type === "tool_call" ? [[step.stepId, step.callId.split(":")[1]!]] : []))),
@@ -503,6 +538,23 @@ test("Lab 23.1 · 同一个查询：DAG 路径只调用一次模型，ReAct 循�
       assert.ok(step.startedAt !== undefined && step.startedAt <= step.at, "DAG 的步骤和 ReAct 的一样记下开始时间");
     }
     assert.ok(keys.includes("dag#1") && keys.includes("loop#2"), "两条路径的工具都拿到任务 + 步骤的幂等键");
+    // 每次调用的记录带着发出去与拿回来的内容：模型调用还有模型名与 token，工具调用是参数与结果正文。
+    const answerCall = record.calls.find((entry) => entry.node === "answer")!;
+    assert.deepEqual([answerCall.model, answerCall.usage, answerCall.output, answerCall.error], ["scripted-v1", { input: 8, output: 2 }, answer, undefined]);
+    assert.match(answerCall.input ?? "", /^用一句话回答用户：我的订单 ORD-7 到哪了？/);
+    const orderCall = record.calls.find((entry) => entry.node === "order")!;
+    assert.deepEqual([orderCall.input, orderCall.output, orderCall.error], ['{"orderId":"ORD-7"}', "订单 ORD-7：已发货，运单号 SF100", undefined]);
+    // 结局从快照读出；已经到终态的任务再 run 一次原样交回，不再调用任何东西；同一个任务不能同时 run 两次。
+    assert.deepEqual(outcomeOf(loop), { status: "completed", output: answer, modelCalls: 3, tokens: 30 });
+    const stalled = structuredClone(loop);
+    stalled.state = "paused";
+    delete stalled.context.outcome;
+    assert.deepEqual(outcomeOf(stalled), { status: "cancelled", output: "", modelCalls: 3, tokens: 30, error: "任务停在 paused" });
+    assert.deepEqual(await orchestrator.run("dag"), dag);
+    assert.equal(dagModel.requests.length, 1);
+    assert.deepEqual(orchestrator.unfinished(), ["guess"]);
+    await orchestrator.submit({ id: "drop", input: "不要了", type: "status_query" });
+    assert.equal((await orchestrator.cancel("drop", "用户撤回")).state, "cancelled");
 
     await audit.flush();
     const audited = (await readAuditLog(audit.file)).filter((record) => record.taskId === "dag");
@@ -511,6 +563,9 @@ test("Lab 23.1 · 同一个查询：DAG 路径只调用一次模型，ReAct 循�
       ["model_reply", "model_request", "tool_call", "tool_call", "tool_call", "transition:completed", "transition:started"],
       "DAG 任务的审计记录和 ReAct 任务的同形",
     );
+    const request = audited.find((entry) => entry.kind === "model_request");
+    assert.ok(request !== undefined && request.kind === "model_request");
+    assert.deepEqual([request.step, request.at, request.messages, request.tools], [4, 1_000, 1, []], "回答节点的请求：第 4 步，一条消息，不带工具");
     await audit.close();
 
     // 规则没覆盖：路由模型的那次调用本身也是一个步骤（花的 token 记在这个任务上），之后照样走 DAG。
@@ -519,6 +574,7 @@ test("Lab 23.1 · 同一个查询：DAG 路径只调用一次模型，ReAct 循�
     assert.equal(modelSteps(guessed), 2, "一次选路线 + 一次回答");
     const guessedRecord = guessed.context.extensions?.[ORCHESTRATION_KEY] as unknown as OrchestrationRecord;
     assert.equal(guessedRecord.route?.by, "model");
+    assert.match(guessedRecord.route?.reason ?? "", /无类型的任务/);
     assert.equal(guessedRecord.calls[0]!.node, "route");
     assert.equal(guessed.context.tokensUsed, 16);
 
@@ -551,16 +607,125 @@ test("Lab 23.1 · 同一个查询：DAG 路径只调用一次模型，ReAct 循�
       },
     });
     await slow.submit({ id: "slow", input: "x", type: "slow" });
-    const timedOut = await slow.run("slow");
+    const running = slow.run("slow");
+    await assert.rejects(slow.run("slow"), /任务 slow 已经在运行/);
+    const timedOut = await running;
     assert.equal(timedOut.state, "failed");
     assert.match(timedOut.context.outcome ?? "", /stuck: Tool hang failed: 执行超过 5 毫秒，已经取消/);
+    assert.deepEqual(outcomeOf(timedOut), { status: "failed", output: "", modelCalls: 0, tokens: 0, error: timedOut.context.outcome });
+    const stuckCall = (timedOut.context.extensions?.[ORCHESTRATION_KEY] as unknown as OrchestrationRecord).calls.find((entry) => entry.node === "stuck")!;
+    assert.match(stuckCall.error ?? "", /执行超过 5 毫秒/, "失败的工具调用记下原因");
     assert.equal(hungSawAbort, true, "超时会取消工具自己的 signal");
     assert.equal(timedOut.context.steps.filter((step) => step.type === "model_call").length, 0);
 
-    // 计划是模型写的：规划-执行发起的工具调用照样过第 22 章的权限闸门。delete 级别的工具永远不给模型，工具一次都不执行。
+    // 取消不是失败：DAG 任务停在 paused（结论写明被取消），已取消的 signal 再 run 一次什么也不做；不带 signal 再 run，
+    // 迁移是 resumed，图从头跑完。路由决定第一次就写下，之后读回来，不再问模型；路由途中就取消的任务不写决定。
+    const pauseGate = new AbortController();
+    const cancelledAlready = new AbortController();
+    cancelledAlready.abort();
+    let firstRuns = 0;
+    const pickTwice = new ScriptedModel([reply('{"route":"twice"}', 4)]);
+    const pausable = new Orchestrator({
+      router: new TaskRouter({ routes: { twice: { kind: "dag", description: "两步" } }, rules: {}, chooser: pickTwice, fallback: "twice" }),
+      runtime,
+      clock: () => 2_000,
+      executors: {
+        twice: new DagExecutor({
+          name: "twice",
+          output: "second",
+          nodes: [
+            {
+              id: "first",
+              run: () => {
+                firstRuns += 1;
+                if (firstRuns === 1) pauseGate.abort();
+                return "一";
+              },
+            },
+            { id: "second", dependsOn: ["first"], run: (context) => `${String(context.inputs.first)}二` },
+          ],
+        }),
+      },
+    });
+    await pausable.submit({ id: "pausable", input: "两步走" });
+    const halted = await pausable.run("pausable", { signal: pauseGate.signal });
+    assert.deepEqual([halted.state, halted.context.outcome], ["paused", "任务被取消"]);
+    assert.deepEqual(await pausable.run("pausable", { signal: cancelledAlready.signal }), halted);
+    assert.ok(!pausable.unfinished().includes("pausable"), "paused 的任务不在 unfinished 里");
+    const steps: ExecutionStep[] = [];
+    const resumed = await pausable.run("pausable", { onStep: (step) => steps.push(step) });
+    assert.deepEqual(steps[0], { kind: "route", executor: "twice", by: "model", reason: (resumed.context.extensions?.[ORCHESTRATION_KEY] as unknown as OrchestrationRecord).route!.reason });
+    assert.deepEqual([resumed.state, resumed.context.outcome, firstRuns], ["completed", "一二", 2]);
+    assert.deepEqual(store.events("pausable").map((event) => `${event.from}→${event.to}:${event.event}:${JSON.stringify(event.payload)}`), [
+      'pending→pending:created:{"priority":0}',
+      'pending→running:started:{"executor":"twice","kind":"dag"}',
+      'running→paused:paused:{"executor":"twice","modelCalls":1}',
+      'paused→running:resumed:{"executor":"twice","kind":"dag"}',
+      'running→completed:completed:{"executor":"twice","modelCalls":0}',
+    ]);
+    assert.equal((resumed.context.extensions?.[ORCHESTRATION_KEY] as unknown as OrchestrationRecord).route?.by, "model");
+    await pausable.submit({ id: "early", input: "路由时就取消" });
+    const unrouted = await pausable.run("early", { signal: cancelledAlready.signal });
+    assert.equal(unrouted.state, "pending");
+    assert.equal((unrouted.context.extensions?.[ORCHESTRATION_KEY] as unknown as OrchestrationRecord | undefined)?.route, undefined);
+    assert.equal(pickTwice.requests.length, 2, "pausable 第一次 run 的那一次，加上路由时就取消的那一次");
+    const [cut] = unrouted.context.steps;
+    assert.ok(cut !== undefined && cut.type === "model_call" && cut.stopReason === "aborted", "被取消的路由调用也是一个步骤");
+    assert.match(cut.error ?? "", /abort/i);
+    // 节点里失败的模型调用：步骤与调用记录都写下原因；带着 signal 运行时，工具也拿到它；执行器自己抛错就是任务失败。
+    let toolSignal: unknown;
+    const probe: Tool<Record<string, never>> = {
+      name: "probe",
+      description: "记下收到的 signal",
+      schema: objectSchema({}),
+      execute: async (_parameters, context) => ((toolSignal = context.signal), { content: [text("ok")] }),
+    };
+    const erring = new Orchestrator({
+      router: new TaskRouter({ routes: { e: { kind: "dag", description: "会失败" }, boom: { kind: "plan-execute", description: "执行器抛错" } }, rules: { e: "e", boom: "boom" }, chooser, fallback: "e" }),
+      runtime,
+      executors: {
+        e: new DagExecutor({
+          name: "e",
+          model: new ScriptedModel([{ stopReason: "error", errorMessage: "上游 500" }]),
+          tools: new ToolRegistry([probe]),
+          output: "ask",
+          nodes: [toolNode("look", { tool: "probe", arguments: () => ({}) }), modelNode("ask", { dependsOn: ["look"], prompt: () => "问一下" })],
+        }),
+        boom: {
+          kind: "plan-execute",
+          name: "boom",
+          execute: async () => {
+            throw new Error("执行器坏了");
+          },
+        },
+      },
+    });
+    await erring.submit({ id: "err", input: "x", type: "e" });
+    await erring.submit({ id: "boom", input: "x", type: "boom" });
+    const live = new AbortController();
+    const erred = await erring.run("err", { signal: live.signal });
+    assert.deepEqual([erred.state, erred.context.outcome], ["failed", "ask: 模型调用失败：上游 500"]);
+    assert.ok(toolSignal instanceof AbortSignal, "DAG 里的工具拿到任务的 signal");
+    const failedModelStep = erred.context.steps.find((step) => step.type === "model_call");
+    assert.deepEqual(failedModelStep?.type === "model_call" ? [failedModelStep.stopReason, failedModelStep.error] : [], ["error", "上游 500"]);
+    assert.equal((erred.context.extensions?.[ORCHESTRATION_KEY] as unknown as OrchestrationRecord).calls.find((entry) => entry.node === "ask")!.error, "上游 500");
+    const boomed = await erring.run("boom");
+    assert.deepEqual([boomed.state, boomed.context.outcome], ["failed", "执行器坏了"]);
+    assert.deepEqual(store.events("boom").at(-1)!.payload, { executor: "boom", modelCalls: 0 });
+    // ReAct 执行器把 signal 交给 TaskRuntime：已取消的 signal 不调用模型。
+    await runtime.submit({ id: "react-x", input: "不会跑" });
+    const reactOutcome = await new ReactExecutor({ runtime }).execute({ taskId: "react-x", input: "不会跑" }, { signal: cancelledAlready.signal });
+    assert.deepEqual([reactOutcome.status, reactOutcome.modelCalls], ["cancelled", 0]);
+    // 只计数的 tracker：数模型调用，累计 token。
+    const counter = countingTracker("c-1");
+    await counter.model(new ScriptedModel([reply("x", 12)]), "n").stream({ messages: [] }).result();
+    assert.deepEqual([counter.modelCalls(), counter.tokens()], [1, 12]);
+
+    // 计划是模型写的：规划-执行发起的工具调用照样过第 22 章的权限闸门（前面的钩子放行不算数，每个钩子都要问到）。delete 级别的工具永远不给模型，工具一次都不执行。
     let deleted = 0;
+    const rowsText = `3 行：${"甲".repeat(496)}`;
     const rowTools = new ToolRegistry([
-      { name: "read_rows", description: "读", permission: "read", schema: objectSchema({}), execute: async () => ({ content: [text("3 行")] }) },
+      { name: "read_rows", description: "读", permission: "read", schema: objectSchema({}), execute: async () => ({ content: [text(rowsText)] }) },
       {
         name: "delete_rows",
         description: "删",
@@ -582,7 +747,7 @@ test("Lab 23.1 · 同一个查询：DAG 路径只调用一次模型，ReAct 循�
     const guarded = new Orchestrator({
       router: new TaskRouter({ routes: { plan: { kind: "plan-execute", description: "计划" } }, rules: { cleanup: "plan" }, chooser, fallback: "plan" }),
       runtime,
-      hooks: [createPermissionHooks({ tools: rowTools, policy: {} })],
+      hooks: [{ gateTool: async () => ({ allow: true }) }, createPermissionHooks({ tools: rowTools, policy: {} })],
       executors: { plan: new PlanExecuteExecutor({ name: "plan", model: new ScriptedModel([reply(planText), reply('{"keep":true}')]), tools: rowTools }) },
     });
     await guarded.submit({ id: "cleanup", input: "把旧数据删掉", type: "cleanup" });
@@ -592,6 +757,13 @@ test("Lab 23.1 · 同一个查询：DAG 路径只调用一次模型，ReAct 循�
     const deniedStep = denied.context.steps.find((step) => step.type === "tool_call" && step.tool === "delete_rows");
     assert.ok(deniedStep !== undefined && deniedStep.type === "tool_call" && deniedStep.isError);
     assert.match(deniedStep.result, new RegExp(PERMISSION_DENIED));
+    // 很长的结果：步骤里只留前 200 个字符，调用记录里的预览最多 500 个字符（恰好 500 的不截）。
+    const readStep = denied.context.steps.find((step) => step.type === "tool_call" && step.tool === "read_rows");
+    assert.ok(readStep !== undefined && readStep.type === "tool_call");
+    assert.equal(rowsText.length, 500);
+    assert.equal(readStep.result, `${rowsText.slice(0, 199)}…`);
+    const readCall = (denied.context.extensions?.[ORCHESTRATION_KEY] as unknown as OrchestrationRecord).calls.find((entry) => entry.node === "s1")!;
+    assert.deepEqual([readCall.input, readCall.output], ["{}", rowsText]);
 
     // 日志是耐久的：重新打开，看到的是同样的快照。
     await store.close();
@@ -1905,6 +2077,36 @@ async function reportScenario(dir: string): Promise<{ file: string; clock: Retur
   return { file, clock };
 }
 
+/** 上面 DAG 任务那份记录打印出来的树：节点之间的竖线、每个节点下的输入 / 输出行都对齐。 */
+const DAG_TREE = [
+  "task d-1 [status] · ok · 200 ms · tokens 250/50 · $0.001500",
+  "│   输入 订单 ORD-9 能不能今天发货",
+  "│   输出 可以发货，运费 12 元",
+  "├─ nested check_stock · ok · 50 ms",
+  "│  └─ tool stock #1 · ok · 50 ms",
+  "│         输出 库存 3 件",
+  "├─ nested shipping · ok · 30 ms",
+  "│  └─ tool shipping_fee #2 · ok · 30 ms",
+  "│         输出 运费 12 元",
+  "└─ nested answer · ok · 140 ms · tokens 250/50 · $0.001500",
+  "   └─ model scripted-v1 #3 · ok · 140 ms · tokens 250/50 · $0.001500",
+  "          输出 可以发货，运费 12 元",
+].join("\n");
+/** 停在 paused 的那份记录：根节点没有结束时间；被取消的模型调用没有回复，输出是它的 stopReason。 */
+const PAUSED_TREE = [
+  "task o-1 [task] · open · 未结束 · tokens 10/5 · $0.000040",
+  "│   输入 整理一下",
+  "├─ model m-2 #1 · ok · 95 ms · tokens 10/5 · $0.000040",
+  "│      输入 user: 整理一下",
+  '│      输出 assistant: grep({"q":"x"})',
+  "├─ tool grep #2 · error · 50 ms",
+  '│      输入 {"q":"x"}',
+  "│      输出 没找到",
+  "└─ model m-2 #3 · cancelled · 100 ms · tokens 0/0 · $0.000000",
+  "       输入 toolResult(错误): 没找到",
+  "       输出 错误: aborted",
+].join("\n");
+
 function shape(spans: readonly Span[]): string[] {
   return spans.map((span) => `${span.kind}:${span.name}:${span.status}:${span.retries}:${span.parentId ?? "-"}`);
 }
@@ -1919,6 +2121,47 @@ test("Lab 23.4 · 执行树：task → model / tool，带有界且脱敏的摘�
   assert.ok(!long.includes("sk-"), `截断前先脱敏：密钥的任何一段都不能留在摘要里，实际：${long}`);
   assert.equal(long, `${"x".repeat(10)} 令牌 [redacted…（共 32 字）`);
   assert.equal(digest("短文本", { digestLimit: 24 }), "短文本");
+  // 点名的秘密：不到 4 个字符的不遮（免得遮掉正常文字），长的先遮，URL 编码的形式也遮。
+  assert.equal(redactSecrets("口令 abcd，别名 abc", ["abc", "abcd"]), "口令 [redacted]，别名 abc");
+  assert.equal(redactSecrets("abcdefgh", ["abcd", "abcdefgh"]), "[redacted]");
+  assert.equal(redactSecrets("回调 https://x.test/cb?p=p%40ss%20w0rd&page=2", ["p@ss w0rd"]), "回调 https://x.test/cb?p=[redacted]&page=2");
+  // Bearer 不分大小写；值在空白、标点、括号（含全角）处结束，后面的正文原样保留。
+  assert.equal(redactSecrets("头 authorization: bearer   tok.en-1，后文"), "头 authorization: Bearer [redacted]，后文");
+  assert.equal(redactSecrets("Bearer abc（后面） Bearer a;b Bearer c<d>"), "Bearer [redacted]（后面） Bearer [redacted];b Bearer [redacted]<d>");
+  // 名字像口令的键：前后可以带别的字，= 与 : 都认，带引号的值保留引号；值在 & , ; 括号处结束。
+  assert.equal(
+    redactSecrets("x-api-key: k1 apikey=k2 API-KEY=k3 access_token=k4 client_secret='k5' db_password=k6 passwd:k7 credentials=k8"),
+    "x-api-key: [redacted] apikey=[redacted] API-KEY=[redacted] access_token=[redacted] client_secret='[redacted]' db_password=[redacted] passwd:[redacted] credentials=[redacted]",
+  );
+  assert.equal(redactSecrets('{"token": "v1", "refresh_token":"v2"} passwd = 秘密 后文'), '{"token": "[redacted]", "refresh_token":"[redacted]"} passwd = [redacted] 后文');
+  assert.equal(
+    redactSecrets("https://h/p?token=abc&page=2 token=abc,next token=def;x (secret=ghi) 【password=jkl】 passwd=m，n"),
+    "https://h/p?token=[redacted]&page=2 token=[redacted],next token=[redacted];x (secret=[redacted]) 【password=[redacted]】 passwd=[redacted]，n",
+  );
+  // 常见的密钥形状；长度不够的不算。
+  assert.equal(
+    redactSecrets(`ghp_${"a".repeat(20)} gho_${"b".repeat(19)} AKIA${"A1".repeat(8)} xoxb-${"c".repeat(10)} xoxa-12345 sk-${"d".repeat(15)} sk-ABCdef_123-456789xyz`),
+    `[redacted] gho_${"b".repeat(19)} [redacted] [redacted] xoxa-12345 sk-${"d".repeat(15)} [redacted]`,
+  );
+  // 摘要：默认上限 80 个字符；上限再小也留一个字；首尾空白去掉；点名的秘密同样先遮。
+  assert.equal(digest("x".repeat(80)), "x".repeat(80));
+  assert.equal(digest("x".repeat(81)), `${"x".repeat(79)}…（共 81 字）`);
+  assert.equal(digest("abc", { digestLimit: 1 }), "a…（共 3 字）");
+  assert.equal(digest("  a \t b  "), "a b");
+  assert.equal(digest("我的口令是 open-sesame-42", { secrets: ["open-sesame-42"] }), "我的口令是 [redacted]");
+  // 估价只认价目表自己的条目（继承来的名字不算），价格按每百万 token。
+  assert.equal(estimateCost("toString", { input: 1, output: 1 }), undefined);
+  assert.equal(estimateCost("m", { input: 1_000_000, output: 2_000_000 }, { m: { inputPerMillion: 1, outputPerMillion: 2 } }), 5);
+  // 摘要用的消息文字：角色开头，工具调用写成 名字(参数)，失败的回复带上原因。
+  assert.equal(messageText({ role: "system", content: "规则", timestamp: 0 }), "system: 规则");
+  assert.equal(messageText({ role: "user", content: [text("一"), text("二")], timestamp: 0 }), "user: 一 二");
+  assert.equal(messageText({ role: "toolResult", toolCallId: "c", toolName: "t", content: [text("坏"), text("了")], isError: true, timestamp: 0 }), "toolResult(错误): 坏 了");
+  assert.equal(messageText({ role: "toolResult", toolCallId: "c", toolName: "t", content: [text("好")], isError: false, timestamp: 0 }), "toolResult: 好");
+  assert.equal(messageText(assistantMessage([text("先查"), call("c", "lookup", { a: 1 })], "toolUse")), 'assistant: 先查 lookup({"a":1})');
+  assert.equal(messageText(assistantMessage([text("半句")], "aborted", { errorMessage: "取消了" })), "assistant: 半句 错误: 取消了");
+  assert.equal(messageText(assistantMessage([text("答")], "stop", { errorMessage: "不该出现" })), "assistant: 答");
+  // 没有步骤号、还没结束的节点：标题行写 #? 与“未结束”。
+  assert.equal(formatSpanLine({ id: "t/x", parentId: "t", kind: "tool", name: "grep", startedAt: 5, status: "open", retries: 0 }), "tool grep #? · open · 未结束");
 
   const dir = await tempDir();
   try {
@@ -2012,6 +2255,94 @@ test("Lab 23.4 · 执行树：task → model / tool，带有界且脱敏的摘�
     ]);
     assert.deepEqual(dagSpans[0]!.tokens, { input: 250, output: 50 });
     assert.equal(dagSpans[6]!.outputDigest, "可以发货，运费 12 元");
+    assert.equal(formatSpanTree(dagSpans), DAG_TREE);
+    // 分组节点的状态取组里最坏的一个：有出错的是 error，否则有取消的是 cancelled。
+    const troubled = structuredClone(dag);
+    const troubledSteps = troubled.snapshot.context.steps;
+    troubledSteps[1] = { ...troubledSteps[1]!, isError: true } as TaskStep;
+    troubledSteps[2] = { ...troubledSteps[2]!, stopReason: "aborted" } as TaskStep;
+    (troubled.snapshot.context.extensions!.orchestration as { calls: { node: string }[] }).calls[2]!.node = "shipping";
+    assert.deepEqual(shape(buildSpanTree(troubled)), [
+      "task:status:ok:0:-",
+      "nested:check_stock:error:0:d-1",
+      "tool:stock:error:0:d-1/check_stock",
+      "nested:shipping:cancelled:0:d-1",
+      "tool:shipping_fee:ok:0:d-1/shipping",
+      "model:scripted-v1:cancelled:0:d-1/shipping",
+    ]);
+
+    // 一个停在 paused 的任务：没有 created 事件（从第一条事件算起）、没有类型、没有结论；步骤没记开始时间时，
+    // 从上一步结束或此前最近的一次迁移算起；system 补丁不是模型回应的输入；价目表由调用方给。
+    const paused: TaskRecord = {
+      snapshot: {
+        taskId: "o-1",
+        state: "paused",
+        priority: 0,
+        checkpointAt: 2_000,
+        version: 5,
+        context: {
+          input: "整理一下",
+          messages: [
+            { role: "user", content: [text("整理一下")], timestamp: 1 },
+            { role: "system", content: "补丁", timestamp: 1 },
+            assistantMessage([call("t1", "grep", { q: "x" })], "toolUse", { model: "m-2", usage: { input: 10, output: 5, totalTokens: 15 } }),
+            { role: "toolResult", toolCallId: "t1", toolName: "grep", content: [text("没找到")], isError: true, timestamp: 1 },
+          ],
+          steps: [
+            { stepId: 1, type: "model_call", at: 1_100, stopReason: "toolUse", tokens: 15, toolCallIds: ["t1"] },
+            { stepId: 2, type: "tool_call", at: 1_150, tool: "grep", callId: "t1", idempotencyKey: "o-1#2", isError: true, result: "没找到" },
+            { stepId: 3, type: "model_call", at: 1_300, stopReason: "aborted", tokens: 0, toolCallIds: [] },
+          ],
+          currentStep: 4,
+          tokensUsed: 15,
+        },
+      },
+      events: [
+        { taskId: "o-1", from: "pending", to: "running", event: "started", payload: null, at: 1_005 },
+        { taskId: "o-1", from: "running", to: "running", event: "tool_results", payload: null, at: 1_150 },
+        { taskId: "o-1", from: "running", to: "paused", event: "paused", payload: null, at: 1_200 },
+      ],
+    };
+    const m2 = { "m-2": { inputPerMillion: 2, outputPerMillion: 4 } };
+    const pausedSpans = buildSpanTree(paused, { prices: m2 });
+    assert.deepEqual(shape(pausedSpans), ["task:task:open:0:-", "model:m-2:ok:0:o-1", "tool:grep:error:0:o-1", "model:m-2:cancelled:0:o-1"]);
+    assert.deepEqual(pausedSpans.map((span) => [span.startedAt, span.endedAt]), [[1_005, undefined], [1_005, 1_100], [1_100, 1_150], [1_200, 1_300]]);
+    assert.equal(formatSpanTree(pausedSpans), PAUSED_TREE);
+    const ended = structuredClone(paused);
+    ended.snapshot.state = "cancelled";
+    ended.events.push({ taskId: "o-1", from: "paused", to: "cancelled", event: "cancelled", payload: null, at: 1_400 });
+    assert.deepEqual([buildSpanTree(ended)[0]!.status, buildSpanTree(ended)[0]!.endedAt, buildSpanTree(ended)[0]!.costUsd], ["cancelled", 1_400, undefined]);
+    const bare = structuredClone(paused);
+    bare.events = [];
+    assert.equal(buildSpanTree(bare)[0]!.startedAt, 2_000, "没有事件时从检查点时间算起");
+    const routedOnly = structuredClone(paused);
+    routedOnly.snapshot.context.extensions = { orchestration: { route: { executor: "x", kind: "react", by: "rule", reason: "测试" } } };
+    assert.deepEqual(buildSpanTree(routedOnly, { prices: m2 }), pausedSpans, "没有调用记录的编排数据不改变树");
+
+    // 日志是外来数据：调用记录里类型不对的字段当作没有（不分组、不用它的开始时间、token、模型名与尝试次数），
+    // 于是模型名退回 model，token 退回步骤自己记的总数。
+    const junk = structuredClone(dag);
+    junk.snapshot.context.extensions = {
+      orchestration: {
+        calls: [
+          null,
+          "x",
+          { step: "1", node: "n" },
+          { step: 1, node: 42, startedAt: "1010", attempt: "2", usage: { input: 1 }, model: 7 },
+          { step: 2, input: '{"sku":"A"}' },
+          { step: 3, usage: [250, 50], output: 9, error: false },
+        ],
+      },
+    };
+    const junkSpans = buildSpanTree(junk);
+    assert.deepEqual(shape(junkSpans), ["task:status:ok:0:-", "tool:stock:ok:0:d-1", "tool:shipping_fee:ok:0:d-1", "model:model:ok:0:d-1"]);
+    assert.deepEqual(junkSpans.map((span) => [span.startedAt, span.tokens, span.inputDigest]), [
+      [1_000, { input: 300, output: 0 }, "订单 ORD-9 能不能今天发货"],
+      [1_005, undefined, undefined],
+      [1_060, undefined, '{"sku":"A"}'],
+      [1_040, { input: 300, output: 0 }, "user: 订单 ORD-9 能不能今天发货"],
+    ]);
+    assert.equal(junkSpans[3]!.outputDigest, undefined);
 
     // npm run trace 运行的就是这个入口：对同一份日志打印同一棵树（这里跑编译好的副本）。
     const { stdout } = await promisify(execFile)(process.execPath, [path.join(PACKAGE_DIR, "dist", "src", "orchestration", "trace-cli.js"), file], {
@@ -2071,6 +2402,24 @@ test("Lab 23.4 · 重放：失败任务的日志写成 ScriptedModel 脚本与�
         "model:scripted-v1:error:0:z",
         "model:scripted-v1:error:1:z",
       ]);
+      // 脚本：留在对话里的回复原样播放（包括最后那次失败），被重试掉的那次用步骤里记下的原因造一次同样的失败；
+      // 没记原因时写明是第几步，aborted 仍是 aborted。
+      const turnText = (turns: ScriptedTurn[]): string[] =>
+        turns.map((turn) => ("role" in turn ? `reply:${turn.stopReason}` : `${turn.stopReason}:${turn.errorMessage}`));
+      assert.deepEqual(turnText(scriptFromLog(record)), ["reply:toolUse", "error:upstream 503", "reply:error"]);
+      const unexplained = structuredClone(record);
+      for (const step of unexplained.snapshot.context.steps) {
+        if (step.type === "model_call") delete step.error;
+      }
+      unexplained.snapshot.context.steps[2] = { ...unexplained.snapshot.context.steps[2]!, stopReason: "aborted" } as TaskRecord["snapshot"]["context"]["steps"][number];
+      const [, guessed] = scriptFromLog(unexplained);
+      assert.equal(guessed && "role" in guessed ? "reply" : guessed?.stopReason, "aborted");
+      assert.match(guessed && !("role" in guessed) ? guessed.errorMessage : "", /第 3 步/);
+      // 回放的工具只交回记录里的那条结果；记录里没有的调用是一个错误，不会去做真实的事。
+      const [replayed0] = recordedTools(record);
+      assert.equal(replayed0!.name, "lookup");
+      assert.deepEqual(await replayed0!.execute({}, { callId: "c1" }), { content: record.snapshot.context.messages.find((m): m is ToolResultMessage => m.role === "toolResult")!.content, isError: false });
+      await assert.rejects(replayed0!.execute({}, { callId: "nope" }), /日志里没有调用 nope 的结果/);
       // 走 DAG 或规划-执行路线的任务不经过 TaskRuntime：不能这样重放，而且要说清楚为什么。
       const routed: TaskRecord = structuredClone(record);
       routed.snapshot.context.extensions = { orchestration: { route: { executor: "status-query", kind: "dag", by: "rule", reason: "测试" }, calls: [] } };
