@@ -3,7 +3,7 @@
 // 这个文件没有导出；宿主用 new Worker(<编译后的本文件>, { workerData }) 启动它，import 时就开始运行 main。
 // 辅助函数已经给出：post、errorJson、wrapScript、stringArgument。
 // 你要写的是 main：建虚拟机、接上 bridge、求值前导代码、包装并运行脚本、每次之后 drain。
-// 协议与前导代码在 codemode-protocol.ts 里（本章直接给出），先读它再动手。
+// 协议、前导代码和建虚拟机时交给 wasi 选项的 discardingWasi 都在 codemode-protocol.ts 里（本章直接给出），先读它再动手。
 import { parentPort, workerData } from "node:worker_threads";
 import { JSException, MAX_STACK_SIZE, QuickJS, type JSValueHandle } from "quickjs-wasi";
 import {
