@@ -51,6 +51,26 @@ test("复用记录的输入：测试文件、沿相对 import 递归到的模块
   assert.ok(!whole.files.some((file) => file.startsWith("node_modules")));
 });
 
+test("复用记录的输入：按自身位置往上走时经过的目录（含测试文件本身的目录）不整个算进来，其下点名的目录照算", async (t) => {
+  const root = await tree();
+  t.after(() => fs.remove(root));
+  const other = "packages/pi-course/dist/test/02-b.test.js";
+  await fs.outputFile(path.join(root, other), "export {};\n");
+  // The shape of chapter 23's test: climb from dist/test to the package, then name "dist" and "src" below it.
+  await fs.outputFile(path.join(root, TEST), [
+    'import path from "node:path";',
+    'import { fileURLToPath } from "node:url";',
+    'const HERE = path.dirname(fileURLToPath(import.meta.url));',
+    'const PACKAGE_DIR = path.resolve(HERE, "..", "..");',
+    'export const compiled = path.join(PACKAGE_DIR, "dist", "src");',
+    "",
+  ].join("\n"));
+  const { files } = testInputs(root, TEST);
+  assert.ok(!files.includes(other), `同目录的另一份测试不是输入：${files.join("、")}`);
+  assert.ok(files.includes("packages/pi-course/dist/src/unrelated.js"), "点名的 src 目录下的文件仍是输入");
+  assert.ok(!files.includes("README.md"));
+});
+
 test("复用记录的键：任何一个输入的内容变了键就变；无关文件变了、或换一个位置相同内容的目录，键不变", async (t) => {
   const root = await tree();
   const copy = await tree();

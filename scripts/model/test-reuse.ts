@@ -11,7 +11,9 @@
 //     "../fixtures/a.json" relative to the file; "packages/pi-course/README.md" (a path with a slash) relative to
 //     the tree root, which is every test's working folder; and, in a file that locates things from its own place
 //     (`import.meta`, as in `path.join(HERE, "..", "src")`), any literal relative to its folder or a folder above,
-//     folders included with every file below them;
+//     folders included with every file below them — except a folder that holds the file itself: ".." or "dist" in
+//     `path.resolve(HERE, "..", "..", "dist", "src")` is a step on the way up, and taking every file below it would
+//     make each sibling test an input (chapter 23's key then changed with any other chapter's test);
 //   - a file that calls `process.cwd()` may read anything: then every file of the tree is an input.
 // A bare name such as "README.md" or "." in a file that never uses import.meta is data (a path inside a test's own
 // temporary workspace), not an input. node_modules is shared by every tree of one run and is not an input either.
@@ -56,11 +58,13 @@ export function testInputs(root: string, testFile: string): TestInputs {
   const seen = new Set<string>();
   const queue = [path.join(root, testFile)];
   let wholeTree = false;
-  const addPath = (candidate: string, folders: boolean): void => {
+  /** `dir` is the folder of `file` or a folder above it. */
+  const holds = (dir: string, file: string): boolean => !path.relative(dir, file).startsWith("..");
+  const addPath = (candidate: string, folders: boolean, from: string): void => {
     if (!insideTree(root, candidate) || !fs.existsSync(candidate)) return;
     const stat = fs.statSync(candidate);
     if (stat.isDirectory()) {
-      if (folders) for (const file of filesBelow(root, candidate)) files.add(file);
+      if (folders && !holds(candidate, from)) for (const file of filesBelow(root, candidate)) files.add(file);
     } else if (stat.isFile()) {
       files.add(path.relative(root, candidate));
       if (CODE.test(candidate)) queue.push(candidate);
@@ -75,17 +79,17 @@ export function testInputs(root: string, testFile: string): TestInputs {
     if (code.includes("process.cwd()")) wholeTree = true;
     const here = path.dirname(file);
     const locatesItself = code.includes("import.meta");
-    for (const match of code.matchAll(RELATIVE_IMPORT)) addPath(path.resolve(here, match[2]!), false);
+    for (const match of code.matchAll(RELATIVE_IMPORT)) addPath(path.resolve(here, match[2]!), false, file);
     for (const match of code.matchAll(PATH_LITERAL)) {
       const literal = match[2]!;
       if (/^\.{1,2}(\/|$)/.test(literal)) {
-        addPath(path.resolve(here, literal), locatesItself);
+        addPath(path.resolve(here, literal), locatesItself, file);
         continue;
       }
-      if (literal.includes("/")) addPath(path.resolve(root, literal), true);
+      if (literal.includes("/")) addPath(path.resolve(root, literal), true, file);
       if (!locatesItself) continue;
       for (let dir = here; ; dir = path.dirname(dir)) {
-        addPath(path.resolve(dir, literal), true);
+        addPath(path.resolve(dir, literal), true, file);
         if (dir === root || !insideTree(root, dir)) break;
       }
     }
