@@ -57,7 +57,7 @@ test("测试进程：先启动、后开跑；取消时不运行任何测试", as
   });
 });
 
-test("测试进程：加载失败、中途退出（哪怕退出码是 0）、卡住，各自变成一条写明原因的失败；没有测试的文件不算失败", async () => {
+test("测试进程：加载失败、中途退出（哪怕退出码是 0）、卡住，各自变成一条写明原因的失败；没有测试的文件不算失败，慢而不停地出结果的文件也不算卡住", async () => {
   await withFiles({
     "load.test.mjs": `import "./missing.mjs";`,
     "exit.test.mjs": `import { test } from "node:test";\ntest("Lab 1.1 · 退出", () => { process.exit(3); });`,
@@ -68,6 +68,9 @@ test("测试进程：加载失败、中途退出（哪怕退出码是 0）、卡
       `test("Lab 1.1 · 不会运行", () => {});`,
     "empty.test.mjs": `import { test } from "node:test";`,
     "hang.test.mjs": `import { test } from "node:test";\ntest("Lab 1.1 · 卡住", () => new Promise(() => { setInterval(() => {}, 1000); }));`,
+    // Six tests of 0.5 s each: 3 s in all, longer than the 1.5 s guard, but a test finishes every half second.
+    "slow.test.mjs": `import { test } from "node:test";\n` +
+      `for (let i = 1; i <= 6; i++) test(\`Lab 1.1 · 慢 \${i}\`, () => new Promise((resolve) => { setTimeout(resolve, 500); }));`,
   }, async (dir) => {
     const [load] = await runTests(dir, ["load.test.mjs"]);
     assert.equal(load!.passed, false);
@@ -88,6 +91,10 @@ test("测试进程：加载失败、中途退出（哪怕退出码是 0）、卡
 
     const [hang] = await runTests(dir, ["hang.test.mjs"], { timeout: 1_500 });
     assert.equal(hang!.passed, false);
-    assert.match(hang!.error, /测试超时/);
+    assert.match(hang!.error, /测试超时：2 秒里没有一个测试跑完/);
+
+    // The guard counts from the last finished test, not from the start: a long file that keeps finishing tests is no hang.
+    const slow = await runTests(dir, ["slow.test.mjs"], { timeout: 1_500 });
+    assert.deepEqual(slow.map((o) => o.passed), [true, true, true, true, true, true]);
   });
 });

@@ -80,7 +80,10 @@ export interface TestOutcome {
 export interface TestProcessOptions {
   /** Only tests whose name matches one of these run (node's --test-name-pattern). */
   patterns?: RegExp[];
-  /** Guard against hangs: the whole file gets this long (ms) before the process is killed. */
+  /**
+   * Guard against hangs: the process is killed when this long (ms) passes without a single test finishing. A slow
+   * file with many tests (chapter 16's sandboxes under load) is not a hang; one test that never ends is.
+   */
   timeout?: number;
 }
 
@@ -121,8 +124,11 @@ export function startTestProcess(cwd: string, absoluteFile: string, relativeFile
   const lastLine = `${MARK}${JSON.stringify({ done: true })}\n`;
   let reported: () => void = () => {};
   const allReported = new Promise<void>((resolve) => { reported = resolve; });
+  // Set by go(): called whenever a result arrives, so the hang timer counts from the last finished test.
+  let progressed: () => void = () => {};
   child.stdout.setEncoding("utf8").on("data", (chunk: string) => {
     stdout += chunk;
+    if (stdout.includes(MARK, Math.max(0, stdout.length - chunk.length - MARK.length))) progressed();
     if (stdout.includes(lastLine, Math.max(0, stdout.length - chunk.length - lastLine.length))) reported();
   });
   child.stderr.setEncoding("utf8").on("data", (chunk: string) => { stderr += chunk; });
@@ -152,13 +158,14 @@ export function startTestProcess(cwd: string, absoluteFile: string, relativeFile
       const timeout = options.timeout ?? 60_000;
       let timedOut = false;
       const timer = setTimeout(() => { timedOut = true; child.kill("SIGKILL"); }, timeout);
+      progressed = () => { timer.refresh(); };
       const exit = await Promise.race([exited, allReported.then(() => undefined)]);
       clearTimeout(timer);
       collect();
       if (exit === undefined) return outcomes;
       const failure = (error: string): void => { outcomes.push({ name: relativeFile, file: relativeFile, passed: false, error }); };
       if (exit.spawnError) failure(`无法启动测试进程：${exit.spawnError.message}`);
-      else if (timedOut) failure(`测试超时：${Math.round(timeout / 1000)} 秒内没有跑完（测试卡住了，或者有 Promise 永远不会结束）`);
+      else if (timedOut) failure(`测试超时：${Math.round(timeout / 1000)} 秒里没有一个测试跑完（测试卡住了，或者有 Promise 永远不会结束）`);
       else if (loadError !== undefined) failure(loadError);
       else if (!done && (exit.code !== 0 || outcomes.length > 0)) {
         // node:test never reported the end of the run although the process failed or tests had run: it was cut
