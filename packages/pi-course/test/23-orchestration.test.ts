@@ -721,50 +721,6 @@ test("Lab 23.1 · 同一个查询：DAG 路径只调用一次模型，ReAct 循�
     await counter.model(new ScriptedModel([reply("x", 12)]), "n").stream({ messages: [] }).result();
     assert.deepEqual([counter.modelCalls(), counter.tokens()], [1, 12]);
 
-    // 计划是模型写的：规划-执行发起的工具调用照样过第 22 章的权限闸门（前面的钩子放行不算数，每个钩子都要问到）。delete 级别的工具永远不给模型，工具一次都不执行。
-    let deleted = 0;
-    const rowsText = `3 行：${"甲".repeat(496)}`;
-    const rowTools = new ToolRegistry([
-      { name: "read_rows", description: "读", permission: "read", schema: objectSchema({}), execute: async () => ({ content: [text(rowsText)] }) },
-      {
-        name: "delete_rows",
-        description: "删",
-        permission: "delete",
-        schema: objectSchema({}),
-        execute: async () => {
-          deleted += 1;
-          return { content: [text("删掉了")] };
-        },
-      },
-    ] as Tool[]);
-    const planText = JSON.stringify({
-      goal: "清理",
-      steps: [
-        { id: "s1", tool: "read_rows", arguments: {} },
-        { id: "s2", tool: "delete_rows", arguments: {} },
-      ],
-    });
-    const guarded = new Orchestrator({
-      router: new TaskRouter({ routes: { plan: { kind: "plan-execute", description: "计划" } }, rules: { cleanup: "plan" }, chooser, fallback: "plan" }),
-      runtime,
-      hooks: [{ gateTool: async () => ({ allow: true }) }, createPermissionHooks({ tools: rowTools, policy: {} })],
-      executors: { plan: new PlanExecuteExecutor({ name: "plan", model: new ScriptedModel([reply(planText), reply('{"keep":true}')]), tools: rowTools }) },
-    });
-    await guarded.submit({ id: "cleanup", input: "把旧数据删掉", type: "cleanup" });
-    const denied = await guarded.run("cleanup");
-    assert.equal(denied.state, "failed");
-    assert.equal(deleted, 0, "delete 级别的工具没有执行");
-    const deniedStep = denied.context.steps.find((step) => step.type === "tool_call" && step.tool === "delete_rows");
-    assert.ok(deniedStep !== undefined && deniedStep.type === "tool_call" && deniedStep.isError);
-    assert.match(deniedStep.result, new RegExp(PERMISSION_DENIED));
-    // 很长的结果：步骤里只留前 200 个字符，调用记录里的预览最多 500 个字符（恰好 500 的不截）。
-    const readStep = denied.context.steps.find((step) => step.type === "tool_call" && step.tool === "read_rows");
-    assert.ok(readStep !== undefined && readStep.type === "tool_call");
-    assert.equal(rowsText.length, 500);
-    assert.equal(readStep.result, `${rowsText.slice(0, 199)}…`);
-    const readCall = (denied.context.extensions?.[ORCHESTRATION_KEY] as unknown as OrchestrationRecord).calls.find((entry) => entry.node === "s1")!;
-    assert.deepEqual([readCall.input, readCall.output], ["{}", rowsText]);
-
     // 日志是耐久的：重新打开，看到的是同样的快照。
     await store.close();
     const reopened = await TaskStore.open(file, { readOnly: true });
@@ -964,6 +920,59 @@ test("Lab 23.2 · 规划-执行：计划是检查过的数据，步骤按顺序�
   const tracked = await new PlanExecuteExecutor({ name: "report", model: new ScriptedModel([reply(PLAN, 30), reply("好", 20)]), tools: salesTools([]) }).execute({ taskId: "p20", input: "x" }, { tracker });
   assert.deepEqual(through, ["model:plan", "tool:s1:read_sales", "tool:s2:read_costs", "model:answer"]);
   assert.deepEqual([tracked.modelCalls, tracked.tokens], [2, 50]);
+
+  // 经由 Orchestrator（Lab 23.1）跑规划-执行：任务写进日志，工具调用过每一个钩子。
+  const dir = await mkdtemp(path.join(tmpdir(), "pi-course-23-plan-gate-"));
+  const store = await TaskStore.open(path.join(dir, "tasks.log"), { fsync: false });
+  try {
+    const runtime = new TaskRuntime({ store, model: new ScriptedModel([]) });
+    // 计划是模型写的：规划-执行发起的工具调用照样过第 22 章的权限闸门（前面的钩子放行不算数，每个钩子都要问到）。delete 级别的工具永远不给模型，工具一次都不执行。
+    let deleted = 0;
+    const rowsText = `3 行：${"甲".repeat(496)}`;
+    const rowTools = new ToolRegistry([
+      { name: "read_rows", description: "读", permission: "read", schema: objectSchema({}), execute: async () => ({ content: [text(rowsText)] }) },
+      {
+        name: "delete_rows",
+        description: "删",
+        permission: "delete",
+        schema: objectSchema({}),
+        execute: async () => {
+          deleted += 1;
+          return { content: [text("删掉了")] };
+        },
+      },
+    ] as Tool[]);
+    const planText = JSON.stringify({
+      goal: "清理",
+      steps: [
+        { id: "s1", tool: "read_rows", arguments: {} },
+        { id: "s2", tool: "delete_rows", arguments: {} },
+      ],
+    });
+    const guarded = new Orchestrator({
+      router: new TaskRouter({ routes: { plan: { kind: "plan-execute", description: "计划" } }, rules: { cleanup: "plan" }, chooser: new ScriptedModel([]), fallback: "plan" }),
+      runtime,
+      hooks: [{ gateTool: async () => ({ allow: true }) }, createPermissionHooks({ tools: rowTools, policy: {} })],
+      executors: { plan: new PlanExecuteExecutor({ name: "plan", model: new ScriptedModel([reply(planText), reply('{"keep":true}')]), tools: rowTools }) },
+    });
+    await guarded.submit({ id: "cleanup", input: "把旧数据删掉", type: "cleanup" });
+    const denied = await guarded.run("cleanup");
+    assert.equal(denied.state, "failed");
+    assert.equal(deleted, 0, "delete 级别的工具没有执行");
+    const deniedStep = denied.context.steps.find((step) => step.type === "tool_call" && step.tool === "delete_rows");
+    assert.ok(deniedStep !== undefined && deniedStep.type === "tool_call" && deniedStep.isError);
+    assert.match(deniedStep.result, new RegExp(PERMISSION_DENIED));
+    // 很长的结果：步骤里只留前 200 个字符，调用记录里的预览最多 500 个字符（恰好 500 的不截）。
+    const readStep = denied.context.steps.find((step) => step.type === "tool_call" && step.tool === "read_rows");
+    assert.ok(readStep !== undefined && readStep.type === "tool_call");
+    assert.equal(rowsText.length, 500);
+    assert.equal(readStep.result, `${rowsText.slice(0, 199)}…`);
+    const readCall = (denied.context.extensions?.[ORCHESTRATION_KEY] as unknown as OrchestrationRecord).calls.find((entry) => entry.node === "s1")!;
+    assert.deepEqual([readCall.input, readCall.output], ["{}", rowsText]);
+  } finally {
+    await store.close();
+    await rm(dir, { recursive: true, force: true });
+  }
 });
 
 test("Lab 23.2 · 修订：失败的步骤之后模型改写剩下的计划，整个任务只有一次；修订之后再失败就以失败结束，不再调用模型", HANG_GUARD, async () => {
