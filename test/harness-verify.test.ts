@@ -1,7 +1,8 @@
-// verify's text checks on starters, as pure functions: a stale copy of the parent and a leaked implementation.
+// verify's text checks on starters, as pure functions: a stale copy of the parent, a leaked implementation, and
+// which starters stay in place when verify proves the chapter lab by lab.
 import test from "node:test";
 import assert from "node:assert/strict";
-import { leakedLines, staleStarterLines } from "../scripts/model/verify.js";
+import { labSplits, leakedLines, staleStarterLines } from "../scripts/model/verify.js";
 
 const parent = [
   "export function load(path: string): string {",
@@ -78,4 +79,23 @@ test("讲义验收记录的故障行：有的话必须与清单的故障一一�
   assert.equal(recordFaultLineProblems(guide("fault b: Lab 9.4 red → green\nfault a: Lab 9.2 red → green\n"), chapter).length, 1, "顺序错了");
   assert.equal(recordFaultLineProblems(guide("fault injection: a red\n"), chapter).length, 1, "旧写法");
   assert.equal(recordFaultLineProblems(guide("fault a: Lab 9.2 red → green\n"), chapter).length, 1, "少了一个故障");
+});
+
+test("逐个 lab 的检查：脚手架里第一个出现的 lab 决定它从哪个 lab 起要实现；最后一个 lab 与没有脚手架可留的 lab 不单独检查", () => {
+  const starters = new Map([
+    ["src/router.ts", 'export function route(): never {\n  throw new Error("Lab 23.1 route 尚未实现");\n}\n'],
+    // The comment names Lab 23.1, the code only Lab 23.2 and 23.3: comments do not count.
+    ["src/plan.ts", '// Lab 23.1 给出的类型在这里用到\nexport const a = () => labError("Lab 23.3 b");\nexport const b = () => labError(`Lab 23.2 a 尚未实现`);\n'],
+    ["src/spans.ts", "export const c = () => { throw new Error('Lab 23.4 c 尚未实现'); };\n"],
+    // A starter that names no lab of this chapter (given code, or another chapter's label) is needed from the start.
+    ["src/types.ts", 'export const note = "Lab 9.2 的事件";\n'],
+  ]);
+  assert.deepEqual(labSplits(["23.1", "23.2", "23.3", "23.4"], starters), [
+    { lab: "23.1", starters: ["src/plan.ts", "src/spans.ts"] },
+    { lab: "23.2", starters: ["src/spans.ts"] },
+    { lab: "23.3", starters: ["src/spans.ts"] },
+  ]);
+  // Lab 10 sorts after Lab 9 (numbers, not text); one file for every lab leaves nothing to split.
+  assert.deepEqual(labSplits(["9.9", "9.10"], new Map([["a.ts", '"Lab 9.10 x"'], ["b.ts", '"Lab 9.9 y"']])), [{ lab: "9.9", starters: ["a.ts"] }]);
+  assert.deepEqual(labSplits(["19.1", "19.2"], new Map([["durable.ts", '"Lab 19.2 a"\n"Lab 19.1 b"']])), []);
 });

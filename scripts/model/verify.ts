@@ -2,7 +2,8 @@
 // the history invariant, the guide and the absence of the solution in practice; plus the COURSE.md table.
 import path from "node:path";
 import fs from "fs-extra";
-import { type Checkpoint, chapterNumber, declaredFiles, totalTests } from "./manifest.js";
+import { type Checkpoint, chapterNumber, declaredFiles, labPattern, totalTests } from "./manifest.js";
+import { compareLab } from "./labs.js";
 import { type HistoryInfo, changedFiles, materialize, showFile, stalePins } from "./history.js";
 import { faultInPractice } from "./practice-fault.js";
 import { PENDING_FAULT, faultLine } from "./practice-state.js";
@@ -152,6 +153,25 @@ export function recordFaultLineProblems(text: string, c: Pick<Checkpoint, "fault
 }
 
 /**
+ * A learner solves a chapter lab by lab, so Lab k's tests must pass with only the code of Labs 1…k in place. A
+ * starter says which labs fill it: its stubs throw `Lab N.M … 尚未实现`, so the first lab a starter names (outside
+ * comments) is where the file starts to matter. For every lab but the last, the files whose first lab comes later
+ * stay starters and every other teaching file gets the target; a file whose starter names no lab counts as needed
+ * from the start. Labs with nothing left as a starter are the whole target, which (a) already proves.
+ */
+export function labSplits(labIds: string[], starters: Map<string, string>): Array<{ lab: string; starters: string[] }> {
+  const known = new Set(labIds);
+  const firstLab = new Map<string, string>();
+  for (const [file, text] of starters) {
+    const named = [...text.matchAll(/^(?!\s*(?:\/\/|\*)).*?["'`]Lab (\d+\.\d+)\b/gm)].map((m) => m[1]!).filter((id) => known.has(id));
+    if (named.length > 0) firstLab.set(file, named.sort(compareLab)[0]!);
+  }
+  return labIds.slice(0, -1)
+    .map((lab) => ({ lab, starters: [...firstLab].filter(([, first]) => compareLab(first, lab) > 0).map(([file]) => file) }))
+    .filter((split) => split.starters.length > 0);
+}
+
+/**
  * Proves one checkpoint. `reuse` carries the passing test runs of earlier checkpoints of the same verify run (a
  * test file whose inputs did not change is not run again, see test-reuse.ts); by default only the target's runs
  * serve the practice tree of the same checkpoint.
@@ -273,6 +293,31 @@ export async function verifyCheckpoint(c: Checkpoint, info: HistoryInfo, work: s
         fail("练习", `第一个 lab 的第一项测试应以 "${c.firstRed}" 失败，实际：${firstLines(first.error)}`);
       notes.push(`练习 ${focused.filter((o) => o.passed).length}/${expected} 红（脚手架${reusedNote(reused)}）`);
     }
+  }
+
+  // (b2) lab by lab: Lab k passes with the target's files for Labs 1…k and the starters of the files later labs fill.
+  if (c.mode !== "观察" && targetBuild.ok && targetGreen && practiceBuild.ok) {
+    const starters = new Map<string, string>();
+    for (const file of c.teachingFiles) if (fs.existsSync(inTree(practice, file))) starters.set(file, await fs.readFile(inTree(practice, file), "utf8"));
+    const splits = labSplits(c.labs.map((lab) => lab.id), starters);
+    let held = 0;
+    for (const split of splits) {
+      for (const file of c.teachingFiles) {
+        await fs.outputFile(inTree(practice, file), split.starters.includes(file) ? starters.get(file)! : await showFile(info.dir, ids.target, file));
+      }
+      const kept = split.starters.map((file) => path.posix.basename(file)).join("、");
+      const build = await buildPackage(practice);
+      if (!build.ok) { fail("逐个 lab", `Lab ${split.lab} 的实现放好、${kept} 仍是脚手架时构建失败：\n${firstLines(build.output, 8)}`); continue; }
+      const lab = c.labs.find((l) => l.id === split.lab)!;
+      const { outcomes } = await reuse.runTests(practice, [focusedFile], { patterns: [labPattern(lab.id)] });
+      const mine = outcomes.filter((o) => labOf(o.name) === lab.id);
+      const red = mine.filter((o) => !o.passed);
+      for (const o of red) fail("逐个 lab", `${o.name} 要用到后面 lab 的代码：Lab ${lab.id} 及之前的实现都在、${kept} 仍是脚手架时它失败：${firstLines(o.error)}`);
+      if (red.length === 0 && mine.length !== lab.count) fail("逐个 lab", `Lab ${lab.id} 在 ${kept} 仍是脚手架时只跑了 ${mine.length} 项测试，应为 ${lab.count} 项`);
+      if (red.length === 0 && mine.length === lab.count) held += 1;
+    }
+    for (const [file, text] of starters) await fs.outputFile(inTree(practice, file), text);
+    if (splits.length > 0) notes.push(`逐个 lab ${held}/${splits.length}`);
   }
 
   // (c) faults, as a learner meets them: the practice folder with the target's teaching files in place (a chapter
