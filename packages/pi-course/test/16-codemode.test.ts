@@ -1,5 +1,8 @@
 import assert from "node:assert/strict";
+import { copyFile, mkdtemp, rm, writeFile } from "node:fs/promises";
+import path from "node:path";
 import test from "node:test";
+import { fileURLToPath, pathToFileURL } from "node:url";
 import { Worker } from "node:worker_threads";
 import { runAgentLoop } from "../src/agent-loop.js";
 import {
@@ -7,6 +10,7 @@ import {
   createCodemodeTool,
   createNestedToolBridge,
   loadQuickJSWasm,
+  NESTED_CALL_LIMITS,
   runCodemodeScript,
   type CodemodeScriptOptions,
   type CodemodeScriptResult,
@@ -334,6 +338,59 @@ test("Lab 16.1 · 每次执行都是一台新虚拟机；16 MiB 上限下耗尽�
   assert.deepEqual(deep, { ok: true, value: "RangeError", output: [], calls: [] }, "深递归应是脚本能 catch 的 RangeError");
 
   assert.deepEqual(await run("return 'still fine';"), { ok: true, value: "still fine", output: [], calls: [] });
+
+  // 工具清单本身出了问题，返回的 Promise 也不 reject：说明读不出来，或者不能交给 worker，都是 sandbox 结果，工具一次都不调用。
+  const untouched: unknown[] = [];
+  const unreadable: CodemodeScriptTool = {
+    get description(): string {
+      throw new Error("说明读不出来");
+    },
+    execute: async (args) => untouched.push(args),
+  };
+  const unclonable = { description: (() => "函数") as unknown as string, execute: async (args: unknown) => untouched.push(args) };
+  for (const [name, tool, cause] of [["unreadable", unreadable, /说明读不出来/], ["unclonable", unclonable, /could not be cloned/]] as const) {
+    const refused = await runCodemodeScript("await tools.x({}); return 1;", { tools: new Map([["x", tool]]) });
+    assert.deepEqual(refused.ok ? refused : { ...refused, error: { kind: refused.error.kind } }, { ok: false, error: { kind: "sandbox" }, output: [], calls: [] }, name);
+    if (!refused.ok) assert.match(refused.error.message, cause, name);
+  }
+  assert.deepEqual(untouched, []);
+
+
+  // 环境出错：用本章编译产物的一份副本来演示——副本有自己的 wasm 缓存，它旁边的 worker 入口也可以换掉。
+  const copyDir = await mkdtemp(fileURLToPath(new URL("../codemode-copy-", import.meta.url)));
+  try {
+    for (const file of ["codemode.js", "codemode-worker.js", "codemode-protocol.js", "tool.js", "types.js"]) {
+      await copyFile(new URL(`../src/${file}`, import.meta.url), path.join(copyDir, file));
+    }
+    const copy = (await import(pathToFileURL(path.join(copyDir, "codemode.js")).href)) as typeof import("../src/codemode.js");
+    const sandboxOnly = (result: CodemodeScriptResult): unknown => (result.ok ? result : { ...result, error: { kind: result.error.kind } });
+    const sandboxFailure = { ok: false, error: { kind: "sandbox" }, output: [], calls: [] };
+    // wasm 编译失败是 sandbox 结果；失败不会被缓存，下一次执行重新编译、照常成功。
+    const compile = WebAssembly.compile;
+    WebAssembly.compile = async () => {
+      throw new Error("wasm 今天编译不了");
+    };
+    let broken: CodemodeScriptResult;
+    try {
+      broken = await copy.runCodemodeScript("return 1;");
+    } finally {
+      WebAssembly.compile = compile;
+    }
+    assert.deepEqual(sandboxOnly(broken), sandboxFailure);
+    if (!broken.ok) assert.match(broken.error.message, /wasm 今天编译不了/);
+    assert.deepEqual(await copy.runCodemodeScript("return 2;"), { ok: true, value: 2, output: [], calls: [] }, "编译失败不能被缓存下来");
+    // worker 一起来就退出、一起来就抛错：都是 sandbox 结果，消息说明了发生什么。
+    await writeFile(path.join(copyDir, "codemode-worker.js"), "process.exit(3);\n");
+    const exited = await copy.runCodemodeScript("return 1;");
+    assert.deepEqual(sandboxOnly(exited), sandboxFailure);
+    if (!exited.ok) assert.match(exited.error.message, /\b3\b/, "消息里应有退出码");
+    await writeFile(path.join(copyDir, "codemode-worker.js"), "throw new Error('worker 起不来');\n");
+    const crashed = await copy.runCodemodeScript("return 1;");
+    assert.deepEqual(sandboxOnly(crashed), sandboxFailure);
+    if (!crashed.ok) assert.match(crashed.error.message, /worker 起不来/);
+  } finally {
+    await rm(copyDir, { recursive: true, force: true });
+  }
 });
 
 test("Lab 16.1 · 等一个永远不会 settle 的 Promise：立刻失败，而不是等到期限", SLOW, async () => {
@@ -432,7 +489,10 @@ test("Lab 16.2 · 嵌套调用的 id 是 <parent>/<n>，走 script scope；函�
     { text: "内容：a.txt", details: { bytes: 5 } },
     { text: "内容：b.txt", details: { bytes: 5 } },
   ]);
-  assert.deepEqual(calls.map((entry) => entry.call.id), ["call-1/1", "call-1/2"]);
+  assert.deepEqual(calls.map((entry) => entry.call), [
+    { type: "toolCall", id: "call-1/1", name: "read", arguments: { path: "a.txt" } },
+    { type: "toolCall", id: "call-1/2", name: "read", arguments: { path: "b.txt" } },
+  ]);
   assert.deepEqual(seen, [{ path: "a.txt" }, { path: "b.txt" }], "deferred 工具没有声明给模型，脚本照样能调用");
   assert.deepEqual(bridge.nestedCalls(), {
     calls: [
@@ -518,11 +578,12 @@ test("Lab 16.2 · 记录有上限：超出条数的调用照样执行只计数�
       `await tools.read({ path: ${JSON.stringify(longPath)} });`,
       "await tools.read({ path: 'three' });",
       "await tools.read({ path: 'four' });",
-      "return 'done';",
+      "try { await tools.noisy(); } catch (error) { return error.message; }",
     ].join("\n"),
     { tools: bridge.tools },
   );
-  assert.equal(result.ok && result.value, "done");
+  // 超出条数上限的调用失败时同样照常 reject，脚本拿到的是完整的错误文字（截短的只是账本里的那份）。
+  assert.equal(result.ok && result.value, `Tool noisy failed: ${"n".repeat(40)}`);
   assert.deepEqual(seen, [{ path: longPath }, { path: "three" }, { path: "four" }], "超出记录上限的调用也要真的执行");
   const ledger = bridge.nestedCalls();
   assert.deepEqual(ledger, {
@@ -530,7 +591,7 @@ test("Lab 16.2 · 记录有上限：超出条数的调用照样执行只计数�
       { id: "call-2/1", name: "noisy", status: "error", arguments: {}, error: "Tool noisy" },
       { id: "call-2/2", name: "read", status: "ok", argumentsBytes: 52 },
     ],
-    count: 4,
+    count: 5,
     complete: false,
   });
   ledger.calls.length = 0;
@@ -562,6 +623,27 @@ test("Lab 16.2 · 记录有上限：超出条数的调用照样执行只计数�
   });
   await stopped.tools.get("read")!.execute({ path: "x" }, { signal: new AbortController().signal }).catch(() => undefined);
   assert.deepEqual(seenAborted, [true]);
+
+  // 默认上限就是契约里的四个数；调用进行中时，账本里这一条是 running。
+  assert.deepEqual(NESTED_CALL_LIMITS, { maxCalls: 256, maxArgumentBytesPerCall: 8 * 1024, maxArgumentBytesTotal: 32 * 1024, maxErrorChars: 500 });
+  assert.ok(Object.isFrozen(NESTED_CALL_LIMITS));
+  let during: unknown;
+  const peekRegistry = new ToolRegistry([probeTool("peek", "codemode", async () => {
+    during = peeking.nestedCalls().calls;
+    return "看过了";
+  })]);
+  const peeking = createNestedToolBridge(peekRegistry, "call-8");
+  assert.deepEqual(await peeking.tools.get("peek")!.execute({ note: "x" }, { signal: new AbortController().signal }), { text: "看过了" });
+  assert.deepEqual(during, [{ id: "call-8/1", name: "peek", status: "running", arguments: { note: "x" } }]);
+
+  // 执行器自己抛错（而不是交回 isError 的结果）：这次调用以它的消息 reject，记录为 error。
+  const broken = createNestedToolBridge(registry, "call-9", {
+    executeToolCall: async () => {
+      throw new Error("executor broke");
+    },
+  });
+  await assert.rejects(broken.tools.get("read")!.execute({ path: "x" }, { signal: new AbortController().signal }), { message: "executor broke" });
+  assert.deepEqual(broken.nestedCalls().calls, [{ id: "call-9/1", name: "read", status: "error", arguments: { path: "x" }, error: "executor broke" }]);
 });
 
 // ---------------------------------------------------------------------------
