@@ -388,6 +388,40 @@ test("Lab 16.1 · 每次执行都是一台新虚拟机；16 MiB 上限下耗尽�
     const crashed = await copy.runCodemodeScript("return 1;");
     assert.deepEqual(sandboxOnly(crashed), sandboxFailure);
     if (!crashed.ok) assert.match(crashed.error.message, /worker 起不来/);
+
+    // 一个不守协议的假 worker：按 code 里的 JSON 逐条发消息；收到宿主的答复就把它写进一条 done ok:false。
+    await writeFile(path.join(copyDir, "codemode-worker.js"), [
+      'import { parentPort, workerData } from "node:worker_threads";',
+      "parentPort.on('message', (reply) => parentPort.postMessage({ type: 'done', ok: false, error: JSON.stringify({ message: reply.ok + ' ' + reply.payload }) }));",
+      "for (const message of JSON.parse(workerData.code)) parentPort.postMessage(message);",
+    ].join("\n"));
+    const ran: unknown[] = [];
+    const fake = (messages: unknown[]): Promise<CodemodeScriptResult> =>
+      copy.runCodemodeScript(JSON.stringify(messages), { tools: new Map([["x", recordingTool(() => ({ text: "x" }), ran)]]) });
+    // 不合协议的消息、读不懂的返回值：sandbox。
+    const malformed = await fake([{ type: "nonsense" }]);
+    assert.deepEqual(sandboxOnly(malformed), sandboxFailure);
+    if (!malformed.ok) assert.match(malformed.error.message, /malformed/);
+    const unreadable = await fake([{ type: "done", ok: true, value: "{不是 JSON" }]);
+    assert.deepEqual(sandboxOnly(unreadable), sandboxFailure);
+    if (!unreadable.ok) assert.match(unreadable.error.message, /unreadable value: \S/);
+    // 点名一个不存在的工具：这次调用以 error 答复，消息里有那个名字。
+    const unknown = await fake([{ type: "call", id: 1, name: "nope", args: "{}" }]);
+    assert.deepEqual(unknown, { ok: false, error: { kind: "script", message: 'false Unknown tool "nope"' }, output: [], calls: [{ name: "nope", status: "error" }] });
+    // 错误文本不是 {message: string, name?: string, stack?: string}：整段文字就是 message，类型不对的 name / stack 不要。
+    for (const [errorText, expected] of [
+      ["就是一句话", { kind: "script", message: "就是一句话" }],
+      ["null", { kind: "script", message: "null" }],
+      ['{"name":"E"}', { kind: "script", message: '{"name":"E"}' }],
+      ['{"message":5}', { kind: "script", message: '{"message":5}' }],
+      ['{"message":"m","name":7,"stack":8}', { kind: "script", message: "m" }],
+      ['{"message":"m","name":"E","stack":"E: m"}', { kind: "script", message: "m", name: "E", stack: "E: m" }],
+    ] as const) {
+      assert.deepEqual(await fake([{ type: "done", ok: false, error: errorText }]), { ok: false, error: expected, output: [], calls: [] }, errorText);
+    }
+    // 结束之后到达的消息一律忽略：done 之后的调用不会执行。
+    assert.deepEqual(await fake([{ type: "done", ok: true, value: "1" }, { type: "call", id: 1, name: "x", args: "{}" }]), { ok: true, value: 1, output: [], calls: [] });
+    assert.deepEqual(ran, []);
   } finally {
     await rm(copyDir, { recursive: true, force: true });
   }
