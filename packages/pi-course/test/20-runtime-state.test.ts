@@ -6,6 +6,9 @@
 // 找不到 Python 时这三项测试失败，失败消息只有一行，写明该安装什么——它们从不跳过。
 
 import assert from "node:assert/strict";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
 import test from "node:test";
 
 import { runAgentLoop } from "../src/agent-loop.js";
@@ -26,8 +29,10 @@ import {
   HARNESS_CELL_END,
   HARNESS_RESULT_PREFIX,
   HARNESS_STATE_LINE,
+  PythonNotFoundError,
   createPythonKernel,
   findPython,
+  kernelProgramPath,
 } from "../src/code-runtime/python-kernel.js";
 import type { PythonKernelOptions } from "../src/code-runtime/python-kernel.js";
 import { CODE_ACTION_TOOL_NAME, createCodeActionTool, formatObservation } from "../src/code-runtime/code-action.js";
@@ -104,6 +109,71 @@ function clockKernel(options: { timeoutMs?: number } = {}): { kernel: CodeRuntim
 function pythonKernel(options: PythonKernelOptions = {}) {
   const command = findPython();
   return createPythonKernel({ command, timeoutMs: 8_000, ...options });
+}
+
+/** 一个临时目录；用完由调用方删掉。 */
+function scratchDir(): string {
+  return fs.mkdtempSync(path.join(os.tmpdir(), "pi-course-20-"));
+}
+
+/** 在 dir 里放一个可执行文件。findPython() 只查文件、不运行，内容无所谓。 */
+function executable(dir: string, name: string): void {
+  fs.mkdirSync(dir, { recursive: true });
+  fs.writeFileSync(path.join(dir, name), "#!/bin/sh\nexit 0\n", { mode: 0o755 });
+}
+
+/** 在“另一个平台”上跑一段同步代码：只换 process.platform，结束时原样换回。 */
+function onPlatform<T>(platform: NodeJS.Platform, body: () => T): T {
+  const original = Object.getOwnPropertyDescriptor(process, "platform")!;
+  Object.defineProperty(process, "platform", { ...original, value: platform });
+  try {
+    return body();
+  } finally {
+    Object.defineProperty(process, "platform", original);
+  }
+}
+
+/** 在另一个当前目录里跑一段同步代码。 */
+function inDirectory<T>(dir: string, body: () => T): T {
+  const original = process.cwd();
+  process.chdir(dir);
+  try {
+    return body();
+  } finally {
+    process.chdir(original);
+  }
+}
+
+/** 临时改几个宿主环境变量，body 结束（成功或失败）后恢复原值。 */
+async function withEnv<T>(vars: Record<string, string>, body: () => Promise<T>): Promise<T> {
+  const saved = Object.fromEntries(Object.keys(vars).map((name) => [name, process.env[name]]));
+  Object.assign(process.env, vars);
+  try {
+    return await body();
+  } finally {
+    for (const [name, value] of Object.entries(saved)) {
+      if (value === undefined) delete process.env[name];
+      else process.env[name] = value;
+    }
+  }
+}
+
+/** 一个 gate 能力：单元格调用 gate.started() 时，next() 返回的 Promise 随之 resolve（“这一格已经跑到这里了”）。 */
+function gateCapability(): { next: () => Promise<void>; capabilities: { gate: { started(): Promise<boolean> } } } {
+  const waiting: Array<() => void> = [];
+  return {
+    next: () => new Promise((resolve) => {
+      waiting.push(resolve);
+    }),
+    capabilities: {
+      gate: {
+        async started() {
+          waiting.shift()?.();
+          return true;
+        },
+      },
+    },
+  };
 }
 
 function call(id: string, code: string): ToolCall {
@@ -375,6 +445,50 @@ test("Lab 20.2 · 预览：JSON 形式截到 80，序列化失败降级为 Strin
 test("Lab 20.3 · 真实 python3 子进程：单元格以标记行结束，结果走 __HARNESS_RESULT__，状态走 __HARNESS_STATE__ 控制行；启动前观察不拉起进程", PYTHON_GUARD, async () => {
   assert.equal(HARNESS_STATE_LINE, "__HARNESS_STATE__");
   assert.equal(HARNESS_RESULT_PREFIX, "__HARNESS_RESULT__");
+
+  // findPython()（脚手架给出）只查文件：显式的 PI_COURSE_PYTHON 优先（两端空白不算），然后 PATH 上的 python3，然后 python；
+  // PATH 里的空项不代表当前目录；Windows 上按 PATHEXT（默认 .EXE）补扩展名，别的平台不补。
+  const python = findPython();
+  const bin = scratchDir();
+  try {
+    const both = path.join(bin, "both");
+    const onlyPython = path.join(bin, "only-python");
+    const windows = path.join(bin, "windows");
+    const windowsExe = path.join(bin, "windows-exe");
+    executable(both, "python3");
+    executable(both, "python");
+    executable(onlyPython, "python");
+    executable(windows, "python3.CMD");
+    executable(windowsExe, "python3.EXE");
+    assert.equal(findPython({ PI_COURSE_PYTHON: `  ${python}  `, PATH: "" }), python);
+    assert.equal(findPython({ PATH: both }), path.join(both, "python3"));
+    assert.equal(findPython({ PATH: [path.join(bin, "nothing"), onlyPython].join(path.delimiter) }), path.join(onlyPython, "python"));
+    assert.equal(inDirectory(both, () => findPython({ PATH: `${path.delimiter}${onlyPython}` })), path.join(onlyPython, "python"));
+    assert.equal(onPlatform("win32", () => findPython({ PATH: windows, PATHEXT: ".COM;.CMD" })), path.join(windows, "python3.CMD"));
+    assert.equal(onPlatform("win32", () => findPython({ PATH: windowsExe })), path.join(windowsExe, "python3.EXE"));
+    assert.equal(onPlatform("win32", () => findPython({ PATH: both, PATHEXT: ".CMD" })), path.join(both, "python3"));
+    assert.throws(() => onPlatform("linux", () => findPython({ PATH: windows, PATHEXT: ".CMD" })), PythonNotFoundError);
+
+    // 找不到时是一行 PythonNotFoundError，写明该装什么；指错了的 PI_COURSE_PYTHON 不会悄悄退回 PATH 上的 python3。
+    const wrong = path.join(bin, "no-such-python");
+    assert.throws(() => findPython({ PI_COURSE_PYTHON: wrong, PATH: both }), (error: unknown) => {
+      assert.ok(error instanceof PythonNotFoundError);
+      assert.equal(error.name, "PythonNotFoundError");
+      assert.ok(error.message.includes(`PI_COURSE_PYTHON=${wrong}`), error.message);
+      assert.match(error.message, /sudo apt-get install python3/);
+      return true;
+    });
+    assert.throws(() => findPython({ PATH: "" }), (error: unknown) => {
+      assert.ok(error instanceof PythonNotFoundError);
+      assert.equal(error.name, "PythonNotFoundError");
+      assert.match(error.message, /^找不到 Python（试过 PI_COURSE_PYTHON、python3、python）：请安装 Python 3（Debian\/Ubuntu：sudo apt-get install python3；/);
+      assert.doesNotMatch(error.message, /\n/);
+      return true;
+    });
+  } finally {
+    fs.rmSync(bin, { recursive: true, force: true });
+  }
+
   const kernel = pythonKernel();
   try {
     assert.deepEqual(await kernel.describe(), { alive: false, variables: [] });
@@ -394,7 +508,12 @@ test("Lab 20.3 · 真实 python3 子进程：单元格以标记行结束，结�
     assert.match(failed.error?.message ?? "", /missing_name/);
 
     const refused = await kernel.execute(`a = 1\n${HARNESS_CELL_END}\nb = 2`);
+    assert.equal(refused.ok, false);
+    assert.equal(refused.stdout, "");
     assert.equal(refused.error?.name, "ProtocolError");
+    assert.match(refused.error?.message ?? "", /\S/);
+    // 单独的 \r 也是换行：藏在 \r 后面的结束标记同样被拒。
+    assert.equal((await kernel.execute(`a = 1\r${HARNESS_CELL_END}\rb = 2`)).error?.name, "ProtocolError");
 
     const state = await kernel.describe();
     assert.deepEqual(state, {
@@ -406,8 +525,83 @@ test("Lab 20.3 · 真实 python3 子进程：单元格以标记行结束，结�
       ],
     });
     assert.deepEqual(await kernel.describe(), state, "两次观察之间内核不应多出任何名字");
+
+    // 绕过 print 直接写进管道的行（os.write）算作这一格的输出，排在 print 的输出前面：空行保留，行尾的 \r 去掉、
+    // 行中间的 \r 不动；碰巧等于 __HARNESS_READY__ 的一行也只是输出。
+    const raw = await kernel.execute("import os\nos.write(1, b'\\nraw\\r\\nmid\\rdle\\r\\n__HARNESS_READY__\\n')\nprint('printed')");
+    assert.deepEqual(raw, { ok: true, stdout: "\nraw\nmid\rdle\n__HARNESS_READY__\nprinted\n" });
+
+    // 单元格冒充一行结果：宿主只认第一行结果行。{"ok": false} 没带 stdout 与 error，结果里的 stdout 就只是之前那两行原样文字，
+    // error 仍有一句话；结果之后的行没有请求可归，丢掉。（真正的结果行还在路上，所以这是这个内核的最后一格。）
+    const forged = await kernel.execute("import os\nos.write(1, b'stray text\\nsecond line\\n__HARNESS_RESULT__{\"ok\": false}\\nafter the result\\n')");
+    assert.equal(forged.ok, false);
+    assert.equal(forged.stdout, "stray text\nsecond line\n");
+    assert.match(forged.error?.message ?? "", /\S/);
   } finally {
     await kernel.reset();
+  }
+
+  // 内核进程在选项给的 cwd 里运行、继承宿主的环境变量；宿主的区域设置不是 UTF-8 时中文照样往返（PYTHONIOENCODING=utf-8），
+  // 导入的模块旁边不留 __pycache__（PYTHONDONTWRITEBYTECODE=1）。省略 command 时用 findPython() 找到的解释器。
+  const work = scratchDir();
+  const local = createPythonKernel({ cwd: work, timeoutMs: 8_000 });
+  try {
+    fs.writeFileSync(path.join(work, "helper.py"), "VALUE = 7\n");
+    const ascii = { PI_COURSE_20_MARK: "from the host", LC_ALL: "C", PYTHONUTF8: "0", PYTHONCOERCECLOCALE: "0", PYTHONIOENCODING: "ascii" };
+    const here = await withEnv(ascii, () => local.execute(
+      "import os, sys\nsys.path.insert(0, os.getcwd())\nimport helper\nprint('你好')\n[os.getcwd(), helper.VALUE, os.environ.get('PI_COURSE_20_MARK')]",
+    ));
+    assert.deepEqual(here, { ok: true, value: [fs.realpathSync(work), 7, "from the host"], stdout: "你好\n" });
+    assert.equal(fs.existsSync(path.join(work, "__pycache__")), false, "不应写出 __pycache__");
+    // 结果行里的 JSON 坏了：ProtocolError，消息说的是 JSON。（这个内核的最后一格，理由同上。）
+    const broken = await local.execute("import os\nos.write(1, b'__HARNESS_RESULT__{not json\\n')");
+    assert.deepEqual({ ok: broken.ok, stdout: broken.stdout, name: broken.error?.name }, { ok: false, stdout: "", name: "ProtocolError" });
+    assert.match(broken.error?.message ?? "", /JSON/);
+  } finally {
+    await local.reset();
+    fs.rmSync(work, { recursive: true, force: true });
+  }
+
+  // 启动失败都是 execute 的 reject，消息说清原因：解释器不存在（点名那个命令）；内核没说 READY 就退出（退出码与 stderr 的
+  // 最后一行）；期限内没有说 READY（期限默认是创建时给的 timeoutMs；READY 之前打印的别的行不算就绪）。
+  const programs = scratchDir();
+  try {
+    const nowhere = path.join(programs, "no-python-here");
+    const quitter = path.join(programs, "quits.py");
+    fs.writeFileSync(quitter, "import sys\nsys.stderr.write('still booting\\nboot failed\\n')\nsys.exit(3)\n");
+    // 真正的内核前面先打印一行：那一行不算就绪，也不属于任何请求。
+    const chatty = path.join(programs, "chatty.py");
+    const real = JSON.stringify(kernelProgramPath());
+    fs.writeFileSync(chatty, `import runpy, sys\nprint('booting the kernel', flush=True)\nsys.argv = [${real}] + sys.argv[1:]\nrunpy.run_path(${real}, run_name='__main__')\n`);
+    const mute = path.join(programs, "never-ready.py");
+    fs.writeFileSync(mute, "import time\nprint('not the ready line', flush=True)\ntime.sleep(30)\n");
+    // 四个互不相干的进程，同时跑。
+    await Promise.all([
+      assert.rejects(createPythonKernel({ command: nowhere }).execute("1"), (error: Error) => {
+        assert.ok(error.message.includes(nowhere), error.message);
+        return true;
+      }),
+      assert.rejects(pythonKernel({ program: quitter }).execute("1"), (error: Error) => {
+        assert.match(error.message, /3/);
+        assert.match(error.message, /boot failed\W*$/);
+        assert.doesNotMatch(error.message, /still booting/);
+        return true;
+      }),
+      (async () => {
+        const chattyKernel = pythonKernel({ program: chatty });
+        try {
+          assert.deepEqual(await chattyKernel.execute("6 * 7"), { ok: true, value: 42, stdout: "" });
+        } finally {
+          await chattyKernel.reset();
+        }
+      })(),
+      assert.rejects(createPythonKernel({ command: python, program: mute, timeoutMs: 500 }).execute("1"), (error: Error) => {
+        assert.match(error.message, /500/);
+        return true;
+      }),
+    ]);
+  } finally {
+    fs.rmSync(programs, { recursive: true, force: true });
   }
 });
 
@@ -425,6 +619,13 @@ test("Lab 20.3 · 内核卫生：主循环与能力注入的局部变量、impor
     const refused = await kernel.execute("fs.read('secret.txt')");
     assert.equal(refused.ok, false);
     assert.match(refused.error?.message ?? "", /没有这个文件：secret\.txt/);
+    // 绕过命名空间直接请求宿主：没有注入的能力一律拒绝，能力对象上继承来的属性（constructor）也不算，消息点名它。
+    const inherited = await kernel.execute("_call_host('fs', 'constructor', [])");
+    assert.equal(inherited.ok, false);
+    assert.match(inherited.error?.message ?? "", /fs\.constructor/);
+    const absent = await kernel.execute("_call_host('os', 'system', ['echo hi'])");
+    assert.equal(absent.ok, false);
+    assert.match(absent.error?.message ?? "", /os\.system/);
     assert.equal(csv.reads(), 1);
 
     const state = await kernel.describe();
@@ -446,7 +647,51 @@ test("Lab 20.3 · 内核卫生：主循环与能力注入的局部变量、impor
 });
 
 test("Lab 20.3 · 同一条发送通道：并发请求排队一次一个；超时杀掉并重启内核；reset 之后 alive=false 且进程已退出", PYTHON_GUARD, async () => {
-  const kernel = pythonKernel();
+  // 一个不守规矩的对端（与主内核同时跑）：答复 __HARNESS_STATE__ 时先回 {"ok": false}，再回没有清单的 {"ok": true}，第三次干脆退出；
+  // 一格里有 deafen 时，先关掉自己的 stdin 再答复。describe() 从不 reject：观察途中内核退出是 alive=false，答复不成形是
+  // alive=true 与空清单；宿主再写不进 stdin 也不崩溃，那一格照常到期限超时。
+  const programs = scratchDir();
+  const odd = path.join(programs, "odd-peer.py");
+  fs.writeFileSync(odd, [
+    "import os, sys, time",
+    "states = 0",
+    "cell = []",
+    "print('__HARNESS_READY__', flush=True)",
+    "for line in sys.stdin:",
+    "    line = line.rstrip('\\r\\n')",
+    "    if line == '__HARNESS_STATE__':",
+    "        states += 1",
+    "        if states == 3:",
+    "            sys.exit(0)",
+    "        print('__HARNESS_RESULT__' + ('{\"ok\": false}' if states == 1 else '{\"ok\": true}'), flush=True)",
+    "    elif line == '__HARNESS_CELL_END__':",
+    "        if 'deafen' in cell:",
+    "            os.close(0)",
+    "        print('__HARNESS_RESULT__{\"ok\": true, \"value\": \"heard\", \"stdout\": \"\"}', flush=True)",
+    "        if 'deafen' in cell:",
+    "            time.sleep(30)",
+    "        cell = []",
+    "    else:",
+    "        cell.append(line)",
+  ].join("\n"));
+  const peerCheck = (async () => {
+    const peer = pythonKernel({ program: odd });
+    try {
+      assert.deepEqual(await peer.execute("x = 1"), { ok: true, value: "heard", stdout: "" });
+      assert.deepEqual(await peer.describe(), { alive: true, variables: [] }, "答复 ok=false");
+      assert.deepEqual(await peer.describe(), { alive: true, variables: [] }, "答复里没有清单");
+      assert.deepEqual(await peer.describe(), { alive: false, variables: [] }, "观察途中退出");
+      assert.equal(peer.pid, undefined);
+      assert.deepEqual(await peer.execute("deafen"), { ok: true, value: "heard", stdout: "" });
+      assert.equal((await peer.execute("y = 2", { timeoutMs: 300 })).error?.name, "TimeoutError");
+    } finally {
+      await peer.reset();
+    }
+  })();
+  peerCheck.catch(() => {}); // 结论在本项末尾 await 时才交出
+
+  const gate = gateCapability();
+  const kernel = pythonKernel({ capabilities: gate.capabilities });
   try {
     const [slow, seen, after] = await Promise.all([
       kernel.execute("import time\ntime.sleep(0.2)\nslow = 1\n'slept'"),
@@ -461,6 +706,7 @@ test("Lab 20.3 · 同一条发送通道：并发请求排队一次一个；超�
     const spin = await kernel.execute("while True:\n    pass", { timeoutMs: 300 });
     assert.equal(spin.ok, false);
     assert.equal(spin.error?.name, "TimeoutError");
+    assert.match(spin.error?.message ?? "", /300/, "超时消息说出期限");
     assert.equal(typeof kernel.pid, "number");
     assert.notEqual(kernel.pid, firstPid, "超时之后应当是一个新的内核进程");
     assert.deepEqual(await kernel.describe(), { alive: true, variables: [] });
@@ -472,9 +718,42 @@ test("Lab 20.3 · 同一条发送通道：并发请求排队一次一个；超�
     assert.deepEqual(await kernel.describe(), { alive: false, variables: [] });
     assert.equal(kernel.pid, undefined, "reset 之后的 describe() 也不启动进程");
     assert.throws(() => process.kill(lastPid, 0), { code: "ESRCH" }, "reset 之后旧进程应当已经退出");
+
+    // 跑到一半被取消：AbortError，之前直接写进管道的行还在 stdout 里；进程被杀掉、不重启，下一格从新内核开始。
+    await okValue(kernel, "kept = 1");
+    const runningPid = kernel.pid!;
+    const stopper = new AbortController();
+    const started = gate.next();
+    const hanging = kernel.execute("import os, time\nos.write(1, b'before the wait\\n')\ngate.started()\ntime.sleep(30)", { signal: stopper.signal });
+    await started;
+    stopper.abort();
+    const cancelled = await hanging;
+    assert.equal(cancelled.ok, false);
+    assert.equal(cancelled.error?.name, "AbortError");
+    assert.match(cancelled.error?.message ?? "", /\S/);
+    assert.equal(cancelled.stdout, "before the wait\n");
+    assert.equal(kernel.pid, undefined, "取消之后不重启内核");
+    assert.deepEqual(await kernel.describe(), { alive: false, variables: [] });
+    assert.throws(() => process.kill(runningPid, 0), { code: "ESRCH" }, "取消之后旧进程应当已经退出");
+    // 开始前就取消了的 signal：这一格不运行。
+    const early = await kernel.execute("ran = True", { signal: AbortSignal.abort() });
+    assert.deepEqual({ ok: early.ok, stdout: early.stdout, name: early.error?.name }, { ok: false, stdout: "", name: "AbortError" });
+    assert.equal(await okValue(kernel, "'ran' in globals()"), false);
+
+    // 内核在一格中途退出：KernelExit，消息说出信号（或退出码，以及 stderr 的最后一行）；没有 stderr 时消息到信号为止。
+    const doomedPid = kernel.pid!;
+    const dying = kernel.execute("import time\ntime.sleep(30)");
+    process.kill(doomedPid, "SIGKILL");
+    const died = await dying;
+    assert.deepEqual({ ok: died.ok, stdout: died.stdout, name: died.error?.name }, { ok: false, stdout: "", name: "KernelExit" });
+    assert.match(died.error?.message ?? "", /SIGKILL\W*$/);
+    assert.equal(kernel.pid, undefined, "退出了的内核没有 pid");
   } finally {
     await kernel.reset();
   }
+
+  await peerCheck;
+  fs.rmSync(programs, { recursive: true, force: true });
 });
 
 // ---------------------------------------------------------------------------
