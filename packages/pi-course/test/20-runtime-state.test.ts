@@ -688,7 +688,7 @@ test("Lab 20.3 · 同一条发送通道：并发请求排队一次一个；超�
       await peer.reset();
     }
   })();
-  peerCheck.catch(() => {}); // 结论在本项末尾 await 时才交出
+  peerCheck.catch(() => {}); // 结论在本项末尾才交出；先挂上处理，免得它先失败时成了未处理的 rejection
 
   const gate = gateCapability();
   const kernel = pythonKernel({ capabilities: gate.capabilities });
@@ -749,11 +749,11 @@ test("Lab 20.3 · 同一条发送通道：并发请求排队一次一个；超�
     assert.match(died.error?.message ?? "", /SIGKILL\W*$/);
     assert.equal(kernel.pid, undefined, "退出了的内核没有 pid");
   } finally {
+    await Promise.allSettled([peerCheck]);
+    fs.rmSync(programs, { recursive: true, force: true });
     await kernel.reset();
   }
-
   await peerCheck;
-  fs.rmSync(programs, { recursive: true, force: true });
 });
 
 // ---------------------------------------------------------------------------
