@@ -514,6 +514,8 @@ test("Lab 20.3 · 真实 python3 子进程：单元格以标记行结束，结�
     assert.match(refused.error?.message ?? "", /\S/);
     // 单独的 \r 也是换行：藏在 \r 后面的结束标记同样被拒。
     assert.equal((await kernel.execute(`a = 1\r${HARNESS_CELL_END}\rb = 2`)).error?.name, "ProtocolError");
+    // 第一行就是控制行的单元格同样被拒：否则内核会把它当成一次状态检查。
+    assert.equal((await kernel.execute(`${HARNESS_STATE_LINE}\nz = 2`)).error?.name, "ProtocolError");
 
     const state = await kernel.describe();
     assert.deepEqual(state, {
@@ -715,6 +717,7 @@ test("Lab 20.3 · 同一条发送通道：并发请求排队一次一个；超�
     const lastPid = kernel.pid!;
     await kernel.reset();
     assert.equal(kernel.pid, undefined);
+    await kernel.reset(); // 没有进程时再 reset 一次也无妨
     assert.deepEqual(await kernel.describe(), { alive: false, variables: [] });
     assert.equal(kernel.pid, undefined, "reset 之后的 describe() 也不启动进程");
     assert.throws(() => process.kill(lastPid, 0), { code: "ESRCH" }, "reset 之后旧进程应当已经退出");
