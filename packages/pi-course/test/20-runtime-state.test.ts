@@ -8,8 +8,10 @@
 import assert from "node:assert/strict";
 import fs from "node:fs";
 import os from "node:os";
+import { execFileSync } from "node:child_process";
 import path from "node:path";
 import test from "node:test";
+import { pathToFileURL } from "node:url";
 
 import { runAgentLoop } from "../src/agent-loop.js";
 import { ScriptedModel } from "../src/scripted-model.js";
@@ -133,15 +135,14 @@ function onPlatform<T>(platform: NodeJS.Platform, body: () => T): T {
   }
 }
 
-/** 在另一个当前目录里跑一段同步代码。 */
-function inDirectory<T>(dir: string, body: () => T): T {
-  const original = process.cwd();
-  process.chdir(dir);
-  try {
-    return body();
-  } finally {
-    process.chdir(original);
-  }
+/**
+ * 当前目录是 dir 时 findPython(env) 交回什么：在 cwd 为 dir 的子进程里问它，测试进程自己的当前目录不动
+ * （测试的工作目录就是仓库根，编译好的模块按这个位置找）。
+ */
+function findPythonIn(dir: string, env: NodeJS.ProcessEnv): string {
+  const kernel = pathToFileURL(path.resolve("packages/pi-course/dist/src/code-runtime/python-kernel.js")).href;
+  const script = `const { findPython } = await import(${JSON.stringify(kernel)});\nprocess.stdout.write(findPython(${JSON.stringify(env)}));`;
+  return execFileSync(process.execPath, ["--input-type=module", "-e", script], { cwd: dir, encoding: "utf8" });
 }
 
 /** 临时改几个宿主环境变量，body 结束（成功或失败）后恢复原值。 */
@@ -463,7 +464,7 @@ test("Lab 20.3 · 真实 python3 子进程：单元格以标记行结束，结�
     assert.equal(findPython({ PI_COURSE_PYTHON: `  ${python}  `, PATH: "" }), python);
     assert.equal(findPython({ PATH: both }), path.join(both, "python3"));
     assert.equal(findPython({ PATH: [path.join(bin, "nothing"), onlyPython].join(path.delimiter) }), path.join(onlyPython, "python"));
-    assert.equal(inDirectory(both, () => findPython({ PATH: `${path.delimiter}${onlyPython}` })), path.join(onlyPython, "python"));
+    assert.equal(findPythonIn(both, { PATH: `${path.delimiter}${onlyPython}` }), path.join(onlyPython, "python"));
     assert.equal(onPlatform("win32", () => findPython({ PATH: windows, PATHEXT: ".COM;.CMD" })), path.join(windows, "python3.CMD"));
     assert.equal(onPlatform("win32", () => findPython({ PATH: windowsExe })), path.join(windowsExe, "python3.EXE"));
     assert.equal(onPlatform("win32", () => findPython({ PATH: both, PATHEXT: ".CMD" })), path.join(both, "python3"));
