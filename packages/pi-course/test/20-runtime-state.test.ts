@@ -84,6 +84,21 @@ async function okValue(runtime: CodeRuntime, code: string, options?: ExecuteOpti
 }
 
 /**
+ * 跑到一半取消一格：先等 `started`（这一格已经在等待的信号），再中止；交回的结果必须是带消息的 AbortError。
+ */
+async function abortMidCell(runtime: CodeRuntime, code: string, started: Promise<void>): Promise<RuntimeResult> {
+  const stopper = new AbortController();
+  const hanging = runtime.execute(code, { signal: stopper.signal });
+  await started;
+  stopper.abort();
+  const cancelled = await hanging;
+  assert.equal(cancelled.ok, false);
+  assert.equal(cancelled.error?.name, "AbortError");
+  assert.match(cancelled.error?.message ?? "", /\S/);
+  return cancelled;
+}
+
+/**
  * 一个带 clock 能力的 JS 内核：wait(ms) 过 ms 毫秒后 resolve；hang() 先告诉测试“这一格已经在等了”
  * （nextHang() 返回的 Promise 随之 resolve），然后永远不 resolve。
  */
@@ -311,15 +326,7 @@ test("Lab 20.1 · 超时：同步死循环与永不结束的 await 都返回 Tim
   const clock = clockKernel();
   assert.deepEqual(await clock.kernel.execute("late = await clock.wait(20)\nreturn late"), { ok: true, value: 20, stdout: "" });
   // 跑到一半被取消：这一格是 AbortError，内核连同 late 一起丢掉。
-  const stopper = new AbortController();
-  const started = clock.nextHang();
-  const hanging = clock.kernel.execute("await clock.hang()", { signal: stopper.signal });
-  await started;
-  stopper.abort();
-  const cancelled = await hanging;
-  assert.equal(cancelled.ok, false);
-  assert.equal(cancelled.error?.name, "AbortError");
-  assert.match(cancelled.error?.message ?? "", /\S/);
+  await abortMidCell(clock.kernel, "await clock.hang()", clock.nextHang());
   assert.equal(await okValue(clock.kernel, "return typeof late"), "undefined");
 });
 
@@ -361,12 +368,7 @@ test("Lab 20.2 · 未启动与 reset 之后 describe() 都是 alive=false，而�
   const again = await clock.kernel.describe();
   assert.equal(again.alive, true, "异步部分超时同样立即换上新内核");
   assert.ok(!names(again).includes("keep"));
-  const stopper = new AbortController();
-  const started = clock.nextHang();
-  const hanging = clock.kernel.execute("await clock.hang()", { signal: stopper.signal });
-  await started;
-  stopper.abort();
-  assert.equal((await hanging).error?.name, "AbortError");
+  await abortMidCell(clock.kernel, "await clock.hang()", clock.nextHang());
   assert.deepEqual(await clock.kernel.describe(), { alive: false, variables: [] });
 
   // describe() 与 execute() 排同一条队：排在正在跑的一格后面，看到的是它结束之后的状态。
@@ -726,15 +728,7 @@ test("Lab 20.3 · 同一条发送通道：并发请求排队一次一个；超�
     // 跑到一半被取消：AbortError，之前直接写进管道的行还在 stdout 里；进程被杀掉、不重启，下一格从新内核开始。
     await okValue(kernel, "kept = 1");
     const runningPid = kernel.pid!;
-    const stopper = new AbortController();
-    const started = gate.next();
-    const hanging = kernel.execute("import os, time\nos.write(1, b'before the wait\\n')\ngate.started()\ntime.sleep(30)", { signal: stopper.signal });
-    await started;
-    stopper.abort();
-    const cancelled = await hanging;
-    assert.equal(cancelled.ok, false);
-    assert.equal(cancelled.error?.name, "AbortError");
-    assert.match(cancelled.error?.message ?? "", /\S/);
+    const cancelled = await abortMidCell(kernel, "import os, time\nos.write(1, b'before the wait\\n')\ngate.started()\ntime.sleep(30)", gate.next());
     assert.equal(cancelled.stdout, "before the wait\n");
     assert.equal(kernel.pid, undefined, "取消之后不重启内核");
     assert.deepEqual(await kernel.describe(), { alive: false, variables: [] });
