@@ -8,6 +8,7 @@ import { labPattern, loadCheckpoints, totalTests } from "../scripts/model/manife
 import { ensureHistory } from "../scripts/model/history.js";
 import { formatLabReport } from "../scripts/model/labs.js";
 import { labFiles } from "../scripts/model/practice-tree.js";
+import { materialiseAll } from "../scripts/model/starter-files.js";
 import { quotePath } from "../scripts/model/quote.js";
 import { REPO, at, copyCourse, course, git, lines, linkNodeModules, realChapter, run, tempDir } from "./harness-helpers.js";
 
@@ -210,7 +211,8 @@ test("没有脚手架的教学文件（第 15 章的 session.ts）归提示里�
   const ch15 = checkpoints.find((c) => c.id === "15")!;
   const file = "packages/pi-course/src/session.ts";
   assert.ok(ch15.teachingFiles.includes(file) && !ch15.starters.some((s) => s.destination === file), "前提：session.ts 是第 15 章没有脚手架的教学文件");
-  const map = labFiles(ch15);
+  const texts = new Map([...await materialiseAll(ch15, await ensureHistory(checkpoints))].map(([file, m]) => [file, m.text]));
+  const map = labFiles(ch15, texts);
   assert.deepEqual(Object.entries(map).filter(([, files]) => files.includes(file)).map(([id]) => id), ["15.2"]);
 
   const created = await course(REPO, "practice", ["15", "p15"], { caller: scratch });

@@ -24,6 +24,8 @@ export interface PracticeManifest {
   tests?: Record<string, string>;
   /** The teaching files whose starter carries each lab's label: what `reset <lab>` restores. */
   labFiles?: Record<string, string[]>;
+  /** Per starter file, where its holes sit (0-based line ranges of the starter) and the labs each names: what `reset <lab>` can put back alone. */
+  holes?: Record<string, Array<{ start: number; end: number; labs: string[] }>>;
 }
 
 /** A fault as the practice folder carries it: everything but the mutation in the open. */

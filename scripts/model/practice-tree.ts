@@ -11,11 +11,12 @@ import { type PracticeManifest, faultCommand, sealMutation } from "./practice-ma
 import { compiledTest } from "./tests.js";
 import { agentGuideText } from "./agent-guide.js";
 import { learnerPackageJson } from "./author-deps.js";
+import { type Materialised, materialiseAll } from "./starter-files.js";
 
 /** Harness files a practice folder needs so that `npm run lab` works there. */
 const HARNESS = ["scripts", "package-lock.json"];
-/** Author-only commands (benchmarks, mutation testing) and their model files stay in the course checkout. */
-const AUTHOR_ONLY_SCRIPTS = /^(bench|mutate)/;
+/** Author-only commands (benchmarks, mutation testing, saving starters) and their model files stay in the course checkout. */
+const AUTHOR_ONLY_SCRIPTS = /^(bench|mutate|starter\.ts$)/;
 
 export function practiceManifest(c: Checkpoint, info: HistoryInfo): PracticeManifest {
   const ids = info.chapters.get(c.id)!;
@@ -45,10 +46,10 @@ function testHashes(dest: string): Record<string, string> {
  * Lab id → the teaching files that lab is built in: those whose starter mentions `Lab N.M `, and the teaching files
  * without a starter (the learner extends the parent's version in place) whose name the lab's hints mention.
  */
-export function labFiles(c: Checkpoint): Record<string, string[]> {
+export function labFiles(c: Checkpoint, texts: Map<string, string>): Record<string, string[]> {
   const map: Record<string, string[]> = {};
   for (const starter of c.starters) {
-    const text = fs.readFileSync(inTree(ROOT, starter.source), "utf8");
+    const text = texts.get(starter.destination) ?? "";
     for (const lab of c.labs) {
       if (new RegExp(`Lab ${lab.id.replace(".", "\\.")}(?!\\d)`).test(text)) (map[lab.id] ??= []).push(starter.destination);
     }
@@ -68,12 +69,14 @@ export function labFiles(c: Checkpoint): Record<string, string[]> {
 export async function writePracticeTree(c: Checkpoint, info: HistoryInfo, dest: string, finalDir = dest): Promise<void> {
   const ids = info.chapters.get(c.id)!;
   const observe = c.mode === "观察";
+  // Each starter is its stored holes laid over the chapter's target (starter-files.ts); a hole that no longer fits stops here.
+  const starters: Map<string, Materialised> = observe ? new Map() : await materialiseAll(c, info);
   await materialize(info.dir, observe ? ids.target : ids.parent, dest);
   if (!observe) {
     for (const file of [c.focusedTest, ...c.fixtures]) {
       await fs.outputFile(inTree(dest, file), await showFile(info.dir, ids.target, file));
     }
-    for (const starter of c.starters) await fs.copy(inTree(ROOT, starter.source), inTree(dest, starter.destination));
+    for (const [file, starter] of starters) await fs.outputFile(inTree(dest, file), starter.text);
   }
   // The harness comes along so that `npm run lab` works; benchmarks and mutation testing are for course authors only.
   for (const item of HARNESS) {
@@ -100,7 +103,9 @@ export async function writePracticeTree(c: Checkpoint, info: HistoryInfo, dest: 
   pkg.scripts = { ...pkg.scripts, build: "node ../../scripts/launch.js build" };
   await fs.writeFile(packageFile, `${JSON.stringify(pkg, null, 2)}\n`);
   await fs.writeFile(inTree(dest, ".gitignore"), ["node_modules/", "dist/", "*.tsbuildinfo", ...PRACTICE_IGNORES, ""].join("\n"));
-  const manifest: PracticeManifest = { ...practiceManifest(c, info), tests: testHashes(dest), labFiles: labFiles(c) };
+  const texts = new Map([...starters].map(([file, starter]) => [file, starter.text]));
+  const holes = Object.fromEntries([...starters].map(([file, starter]) => [file, starter.holes]));
+  const manifest: PracticeManifest = { ...practiceManifest(c, info), tests: testHashes(dest), labFiles: labFiles(c, texts), holes };
   await fs.writeFile(inTree(dest, PRACTICE_MANIFEST), `${JSON.stringify(manifest, null, 2)}\n`);
   // Until the first build, the compiled focused test is a stand-in that says so (dist/ is ignored by git): the raw
   // `node --test … dist/test/NN-*.test.js` of the guide then fails with that sentence instead of "could not find".
