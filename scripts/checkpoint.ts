@@ -1,5 +1,7 @@
-// npm run checkpoint -w @pi/course -- [NN] [--diff] [--checkout DIR]
+// npm run checkpoint -w @pi/course -- [NN] [--diff] [--checkout DIR] | NN --starter FILE [--checkout]
 // Prints the checkpoint card (ids, files, labs, first red, commands); builds the teaching history on demand.
+// --starter prints one starter in full, as a learner gets it; with --checkout it writes it to starters/NN-<name>.ts
+// for the author to edit, and `npm run starter -- save` stores it back as holes.
 import { CourseError, main, rejectUnknownOptions, takeFlag, takeOption } from "./model/cli.js";
 import { type Checkpoint, chapterNumber, findCheckpoint, focusedGlob, loadCheckpoints, previousId, totalTests } from "./model/manifest.js";
 import { type HistoryInfo, diffText, ensureHistory, materialize } from "./model/history.js";
@@ -7,8 +9,11 @@ import { ROOT, isInside, resolveFromCaller } from "./model/paths.js";
 import { checkDestination, writeNewFolder } from "./model/destination.js";
 import { quotePath } from "./model/quote.js";
 import { interactive, pickChapter } from "./model/picker.js";
+import { inTree } from "./model/paths.js";
+import { materialise, misfitReport, saveCommand } from "./model/starter-files.js";
+import fs from "node:fs";
 
-const USAGE = "用法：npm run checkpoint -w @pi/course -- <章节 00..NN> [--diff] [--checkout 目录]";
+const USAGE = "用法：npm run checkpoint -w @pi/course -- <章节 00..NN> [--diff] [--checkout 目录]，或 <章节> --starter <文件> [--checkout]";
 
 function chapterList(checkpoints: Checkpoint[]): string {
   const lines = ["pi-course 的章节（npm run checkpoint -w @pi/course -- NN 查看一章）：", ""];
@@ -55,7 +60,39 @@ function card(c: Checkpoint, info: HistoryInfo): string {
   return lines.join("\n");
 }
 
+/** `--starter FILE`: print the full starter, or write it to starters/NN-<name>.ts for editing (--checkout). */
+async function showStarter(args: string[], file: string): Promise<number> {
+  const checkout = takeFlag(args, "--checkout");
+  rejectUnknownOptions(args);
+  const checkpoints = loadCheckpoints();
+  if (args.length !== 1) throw new CourseError(USAGE, 2);
+  const c = findCheckpoint(checkpoints, args[0], USAGE);
+  const wanted = file.replace(/^\.\//, "");
+  const starter = c.starters.find((s) => s.source === wanted || s.destination === wanted || s.destination.endsWith(`/${wanted}`));
+  if (!starter) {
+    throw new CourseError(c.starters.length === 0
+      ? `第 ${c.id} 章没有脚手架（观察模式）。`
+      : `第 ${c.id} 章没有 ${file} 的脚手架；本章的脚手架：${c.starters.map((s) => s.destination.split("/").pop()).join("、")}`, 2);
+  }
+  const full = inTree(ROOT, starter.source);
+  if (checkout && fs.existsSync(full))
+    throw new CourseError(`${starter.source} 已经在了（还没保存的修改？）：改完运行 ${saveCommand(starter)}，或删掉它再取一次。`);
+  const info = await ensureHistory(checkpoints, { log: (line) => console.error(line) });
+  const result = await materialise(c, info, starter, true);
+  for (const line of result.misfits.length > 0 ? misfitReport(c, starter, result.misfits).slice(0, -1) : []) console.error(`⚠ ${line}`);
+  if (!checkout) {
+    process.stdout.write(result.text);
+    return 0;
+  }
+  fs.writeFileSync(full, result.text);
+  console.log(`已把第 ${c.id} 章 ${starter.destination} 的脚手架全文写到 ${starter.source}${result.misfits.length > 0 ? `（上面 ${result.misfits.length} 处是按前后行放的，请检查）` : ""}。`);
+  console.log(`改好后运行：${saveCommand(starter)}（写回 ${starter.source}.holes 并删掉全文），再 npm run verify -- ${c.id}`);
+  return 0;
+}
+
 await main(async (args) => {
+  const starterFile = takeOption(args, "--starter");
+  if (starterFile !== undefined) return showStarter(args, starterFile);
   const showDiff = takeFlag(args, "--diff");
   const checkoutArg = takeOption(args, "--checkout");
   rejectUnknownOptions(args);

@@ -68,3 +68,8 @@ export async function askFolder(initial: string): Promise<string> {
 export async function confirm(message: string, initial = true): Promise<boolean> {
   return ask<boolean>({ type: "confirm", message, initial });
 }
+
+/** One of several answers (reset: only this lab's holes, whole files, or nothing). */
+export async function choose<T extends string>(message: string, choices: Array<{ title: string; value: T }>, initial = 0): Promise<T> {
+  return ask<T>({ type: "select", message, hint: "↑↓ 选择，回车确认，Esc 取消", initial, choices });
+}

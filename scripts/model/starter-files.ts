@@ -87,3 +87,25 @@ export function pendingFullStarters(root = ROOT): string[] {
   const dir = path.join(root, "starters");
   return fs.existsSync(dir) ? fs.readdirSync(dir).filter((name) => name.endsWith(".ts")).sort().map((name) => `starters/${name}`) : [];
 }
+
+/**
+ * verify's check of the stored starters of one chapter: each applies cleanly to the current target. A hole that no
+ * longer fits is blocking (no practice folder can be made); a full file still waiting to be saved is not (practice
+ * uses it), but verify stays red until it is saved.
+ */
+export async function storedStarterProblems(c: Checkpoint, info: HistoryInfo): Promise<Array<{ area: string; message: string; blocking: boolean }>> {
+  const problems: Array<{ area: string; message: string; blocking: boolean }> = [];
+  for (const starter of c.starters) {
+    if (fs.existsSync(inTree(ROOT, starter.source))) {
+      problems.push({ area: "脚手架", message: `${starter.source} 是完整的脚手架，还没有存回只含差异的形式：${saveCommand(starter)}`, blocking: false });
+      continue;
+    }
+    if (!fs.existsSync(inTree(ROOT, storedPath(starter.source)))) {
+      problems.push({ area: "脚手架", message: `缺少 ${storedPath(starter.source)}（清单 starters 列着 ${starter.source}）`, blocking: true });
+      continue;
+    }
+    const { misfits } = await materialise(c, info, starter, true);
+    if (misfits.length > 0) problems.push({ area: "脚手架", message: misfitReport(c, starter, misfits).join("\n      "), blocking: true });
+  }
+  return problems;
+}

@@ -15,6 +15,7 @@ import { buildPackage, compiledTest, compiledTests, firstLines, labOf } from "./
 import { TestReuse } from "./test-reuse.js";
 import { linkNodeModules } from "./trees.js";
 import { HINT_RUNGS, quotedCodeLines } from "./hints.js";
+import { storedStarterProblems } from "./starter-files.js";
 
 export interface Finding { area: string; message: string }
 export interface CheckpointVerdict { id: string; findings: Finding[]; notes: string[]; ms: number }
@@ -241,6 +242,15 @@ export async function verifyCheckpoint(c: Checkpoint, info: HistoryInfo, work: s
     for (const o of focused) if (!c.labs.some((lab) => lab.tests.includes(o.name))) fail("目标", `聚焦测试里有清单没有列出的测试：${o.name}`);
     targetGreen = outcomes.length > 0 && outcomes.every((o) => o.passed);
     notes.push(`目标 ${focused.filter((o) => o.passed).length}/${totalTests(c)}（共 ${outcomes.filter((o) => o.passed).length}/${outcomes.length} 项含前序章节${reusedNote(reused)}）`);
+  }
+
+  // stored starters: each applies cleanly to the current target (a misfit stops the practice checks below)
+  const starterProblems = c.mode === "观察" ? [] : await storedStarterProblems(c, info);
+  for (const problem of starterProblems) fail(problem.area, problem.message);
+  if (starterProblems.some((problem) => problem.blocking)) {
+    notes.push("练习 未检查（脚手架对不上 target）");
+    await fs.remove(target);
+    return { id: c.id, findings, notes, ms: Date.now() - started };
   }
 
   // (b) practice + (e) leaks
