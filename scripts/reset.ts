@@ -79,7 +79,7 @@ await main(async (args) => {
     const all = resetHoles(given.toString("utf8"), current.toString("utf8"), holes, () => true);
     wholePlans.push({ file, text: given, labs: all.labs });
     if (!lab) continue;
-    const own = resetHoles(given.toString("utf8"), current.toString("utf8"), holes, (h) => h.labs.includes(lab));
+    const own = resetHoles(given.toString("utf8"), current.toString("utf8"), holes, (h, deletedOnly) => h.labs.includes(lab) || (h.labs.length === 0 && deletedOnly));
     if (own.undone > 0) ownPlans.push({ file, text: Buffer.from(own.text, "utf8"), labs: own.labs, holes: own.undone });
   }
   if (wholePlans.length === 0) throw new CourseError(`没有要恢复的：${what}（${files.join("、")}）与练习目录的第一个提交完全相同。`);

@@ -178,27 +178,46 @@ test("测试被掏空后全部通过：lab 在结果之前警告一行并说怎�
   assert.ok(!out.includes(`第 ${chapter.id} 章全部通过。`), "不能只说全部通过");
   assert.ok(out.includes(`第 ${chapter.id} 章全部通过（但测试被改过，这次通过不算数）。`), result.stdout);
 
-  const reset = await course(dir, "reset", ["tests"]);
+  const reset = await course(dir, "reset", ["tests", "--yes"]);
   assert.equal(reset.code, 0, reset.stderr);
   assert.deepEqual(await fs.readFile(focused), original);
   const again = await course(dir, "lab", [`${n}.1`]);
   assert.doesNotMatch(again.stdout, /⚠/);
 });
 
-test(`reset ${n}.1 从练习目录的第一个提交恢复脚手架，学习者的版本进备份；没有可恢复的就一行拒绝`, async () => {
+test(`reset ${n}.1 只把这个 lab 的位置放回脚手架（--whole 才是整份文件），学习者的版本进备份；没有终端又没有 --yes 时什么也不改；没有可恢复的就一行拒绝`, async () => {
   const dir = await practiceFolder({ green: true });
   const file = chapter.starters[0]!.destination;
+  const starter = await git(dir, ["show", `HEAD:${file}`]);
   const mine = await fs.readFile(at(dir, file));
-  const result = await course(dir, "reset", [`${n}.1`]);
+  assert.ok(chapter.labs.length > 1, "前提：这份文件里有好几个 lab");
+
+  const piped = await course(dir, "reset", [`${n}.1`]);
+  assert.equal(piped.code, 2);
+  assert.equal(lines(piped.stderr).length, 1, piped.stderr);
+  assert.match(piped.stderr, new RegExp(`^没有终端可以确认，reset 什么也没有改：确认只恢复 Lab ${n}\\.1 的位置.*就加 --yes（加 --whole 则整份文件）。$`));
+  assert.deepEqual(await fs.readFile(at(dir, file)), mine, "没有 --yes 时文件不变");
+
+  const own = await course(dir, "reset", [`${n}.1`, "--yes"]);
+  assert.equal(own.code, 0, own.stderr);
+  assert.match(own.stdout, new RegExp(`已恢复 ${file} 里 Lab ${n}\\.1 的 \\d+ 处改动（回到脚手架：Lab ${n}\\.1），文件其余部分不动`));
+  const half = await fs.readFile(at(dir, file), "utf8");
+  assert.ok(half.includes(`Lab ${n}.1`) && !half.includes(`Lab ${n}.2 `), "Lab N.1 的位置回到了脚手架，Lab N.2 的实现还在");
+  assert.notEqual(half, starter);
+
+  const result = await course(dir, "reset", [`${n}.1`, "--yes", "--whole"]);
   assert.equal(result.code, 0, result.stderr);
-  assert.deepEqual(await fs.readFile(at(dir, file)), await fs.readFile(at(REPO, chapter.starters[0]!.source)), "应回到脚手架");
-  const saved = /你原来的版本保存在 (\S+)\/ 下/.exec(result.stdout)?.[1];
+  assert.equal(await fs.readFile(at(dir, file), "utf8"), starter, "应回到脚手架");
+  assert.match(result.stdout, new RegExp(`Lab ${n}\\.2 的位置也一起回到了脚手架`));
+  const saved = [...result.stdout.matchAll(/你原来的版本保存在 (\S+)\/ 下/g)].pop()?.[1];
   assert.ok(saved, result.stdout);
-  assert.deepEqual(await fs.readFile(path.join(dir, saved, ...file.split("/"))), mine);
+  assert.equal(await fs.readFile(path.join(dir, saved, ...file.split("/")), "utf8"), half);
+  const firstBackup = /你原来的版本保存在 (\S+)\/ 下/.exec(own.stdout)?.[1];
+  assert.deepEqual(await fs.readFile(path.join(dir, firstBackup!, ...file.split("/"))), mine);
   const status = (await git(dir, ["status", "--porcelain"])).split("\n").filter((line) => line !== "" && line !== "?? node_modules");
   assert.deepEqual(status, [], "恢复后与第一个提交一致，备份被 .gitignore 忽略（node_modules 在这里是链接）");
 
-  const nothing = await course(dir, "reset", [`${n}.1`]);
+  const nothing = await course(dir, "reset", [`${n}.1`, "--yes"]);
   assert.equal(nothing.code, 1);
   assert.equal(lines(nothing.stderr).length, 1, nothing.stderr);
   assert.match(nothing.stderr, /^没有要恢复的：/);
@@ -221,13 +240,13 @@ test("没有脚手架的教学文件（第 15 章的 session.ts）归提示里�
   await linkNodeModules(dir);
   const given = await fs.readFile(at(dir, file));
   await fs.appendFile(at(dir, file), "\n// 学习者的改动\n");
-  const lab = await course(dir, "reset", ["15.2"]);
+  const lab = await course(dir, "reset", ["15.2", "--yes"]);
   assert.equal(lab.code, 0, lab.stderr);
   assert.ok(lines(lab.stdout).includes(`已恢复 ${file}（练习目录第一个提交里的版本）`), lab.stdout);
   assert.deepEqual(await fs.readFile(at(dir, file)), given);
 
   await fs.appendFile(at(dir, file), "\n// 又改了一次\n");
-  const whole = await course(dir, "reset", ["15"]);
+  const whole = await course(dir, "reset", ["15", "--yes"]);
   assert.equal(whole.code, 0, whole.stderr);
   assert.deepEqual(await fs.readFile(at(dir, file)), given);
 });

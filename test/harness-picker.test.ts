@@ -103,21 +103,31 @@ test("lab：练习目录里不带 lab 时列出本章的 lab 和各自的状态�
   assert.match(piped.stderr, /用法：npm run lab/);
 });
 
-test("reset：终端里覆盖之前先问（默认否），回答否则文件不变；--yes 与没有终端时直接恢复", async () => {
+test("reset：终端里先问，问题里写明哪些 lab 会回到脚手架；一份文件有几个 lab 时可以只恢复这个 lab 的位置；取消或回答否什么也不改（退出 0）；--yes 直接恢复", async () => {
   const practice = path.join(scratch, "picked");
   const file = chapter.teachingFiles[0]!;
   const full = path.join(practice, ...file.split("/"));
   const starter = await fs.readFile(full, "utf8");
-  const mine = `${starter}\n// 学习者写到一半的代码\n`;
+  const [one, two] = [`Lab ${Number(chapter.id)}.1`, `Lab ${Number(chapter.id)}.2`];
+  const stub = (lab: string): string => starter.split("\n").find((line) => line.includes(`throw labError("${lab} `))!;
+  assert.ok(stub(one) && stub(two), "前提：两个 lab 的 stub 在同一份文件里");
+  const mine = starter.replace(stub(one), "  return \"学习者的 1\";").replace(stub(two), "  return \"学习者的 2\" as never;");
   await fs.writeFile(full, mine);
   const lab = `${Number(chapter.id)}.1`;
-  const no = await inTerminal(practice, "reset", [{ when: "用脚手架覆盖", keys: ENTER }], practice, [lab]);
-  assert.equal(no.code, 130, no.screen);
-  assert.equal(await fs.readFile(full, "utf8"), mine, "回答否（默认）时文件不能被改动");
-  const yes = await inTerminal(practice, "reset", [{ when: "用脚手架覆盖", keys: "y" }], practice, [lab]);
-  assert.equal(yes.code, 0, yes.screen);
-  assert.equal(await fs.readFile(full, "utf8"), starter);
-  await fs.writeFile(full, mine);
+  const asked = "reset 恢复什么？";
+  const cancel = await inTerminal(practice, "reset", [{ when: asked, keys: pick(2) }], practice, [lab]);
+  assert.equal(cancel.code, 0, cancel.screen);
+  assert.ok(cancel.screen.includes(`只恢复 ${one} 的位置（${path.posix.basename(file)}，回到脚手架：${one}；`), cancel.screen);
+  assert.ok(cancel.screen.includes(`用脚手架覆盖整份 ${file}（回到脚手架：${one}、${two}）`), cancel.screen);
+  assert.ok(cancel.screen.includes("已取消，什么也没有改。"), cancel.screen);
+  assert.equal(await fs.readFile(full, "utf8"), mine, "取消时文件不能被改动");
+  const own = await inTerminal(practice, "reset", [{ when: asked, keys: ENTER }], practice, [lab]);
+  assert.equal(own.code, 0, own.screen);
+  assert.equal(await fs.readFile(full, "utf8"), starter.replace(stub(two), "  return \"学习者的 2\" as never;"), "只有 Lab N.1 的位置回去了");
+  const no = await inTerminal(practice, "reset", [{ when: "用脚手架覆盖", keys: ENTER }], practice, [String(Number(chapter.id))]);
+  assert.equal(no.code, 0, no.screen);
+  assert.ok(no.screen.includes(`（回到脚手架：${two}）`), no.screen);
+  assert.notEqual(await fs.readFile(full, "utf8"), starter, "回答否（默认）时文件不能被改动");
   const flagged = await inTerminal(practice, "reset", []);
   assert.equal(flagged.code, 2, "没有参数时照旧给出用法");
   const forced = await course(practice, "reset", [String(Number(chapter.id)), "--yes"]);

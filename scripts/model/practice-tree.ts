@@ -188,7 +188,7 @@ export function learningText(c: Checkpoint, info: HistoryInfo, dest: string): st
     `npm run lab -w @pi/course -- ${n}.1        # 同一件事：先构建，只跑 Lab ${n}.1（锚定匹配），逐条给出失败原因`,
     `npm run lab -w @pi/course -- ${n}.1 --watch  # 保存文件后自动重跑`,
     `npm run lab -w @pi/course -- ${n}          # 全章验收记录，最后一行是 chapter total`,
-    `npm run reset -w @pi/course -- ${n}.1      # 改乱了：把这个 lab 的教学文件恢复成脚手架（你的版本先备份）`,
+    `npm run reset -w @pi/course -- ${n}.1      # 改乱了：把这个 lab 的代码恢复成脚手架（你的版本先备份）`,
     "```",
     "",
     "## 故障练习",

@@ -204,10 +204,11 @@ export function starterHoles(holes: Hole[], labIds: string[]): StarterHole[] {
 
 /**
  * The learner's file with only the given holes put back as the starter has them: the learner's edits (a diff from
- * the starter) that overlap one of `wanted` are undone, every other edit stays. Returns the new text and the labs
+ * the starter) that overlap one of `wanted` are undone, every other edit stays. `deletedOnly` says the edit only removed
+ * starter lines (a given helper the stubs need, say), which a lab's reset puts back even in a hole that names no lab. Returns the new text and the labs
  * of every hole an undone edit touched (so the caller can name them all).
  */
-export function resetHoles(starter: string, current: string, holes: StarterHole[], wanted: (hole: StarterHole) => boolean): { text: string; labs: string[]; undone: number } {
+export function resetHoles(starter: string, current: string, holes: StarterHole[], wanted: (hole: StarterHole, deletedOnly: boolean) => boolean): { text: string; labs: string[]; undone: number } {
   const s = splitLines(starter);
   const c = splitLines(current);
   const touches = (run: { aStart: number; aEnd: number }, h: StarterHole): boolean =>
@@ -222,7 +223,7 @@ export function resetHoles(starter: string, current: string, holes: StarterHole[
   for (const run of diffRuns(s, c)) {
     out.push(...c.slice(b, run.bStart));
     const hit = holes.filter((h) => touches(run, h));
-    if (hit.some(wanted)) {
+    if (hit.some((h) => wanted(h, run.bStart === run.bEnd))) {
       out.push(...s.slice(run.aStart, run.aEnd));
       for (const h of hit) for (const lab of h.labs) labs.add(lab);
       undone += 1;
