@@ -195,7 +195,7 @@ test(`reset ${n}.1 只把这个 lab 的位置放回脚手架（--whole 才是整
   const piped = await course(dir, "reset", [`${n}.1`]);
   assert.equal(piped.code, 2);
   assert.equal(lines(piped.stderr).length, 1, piped.stderr);
-  assert.match(piped.stderr, new RegExp(`^没有终端可以确认，reset 什么也没有改：确认只恢复 Lab ${n}\\.1 的位置.*就加 --yes（加 --whole 则整份文件）。$`));
+  assert.match(piped.stderr.trim(), new RegExp(`^没有终端可以确认，reset 什么也没有改：确认只恢复 Lab ${n}\\.1 的位置.*就加 --yes（加 --whole 则整份文件）。$`));
   assert.deepEqual(await fs.readFile(at(dir, file)), mine, "没有 --yes 时文件不变");
 
   const own = await course(dir, "reset", [`${n}.1`, "--yes"]);

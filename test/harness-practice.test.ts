@@ -6,6 +6,7 @@ import path from "node:path";
 import fs from "fs-extra";
 import { loadCheckpoints } from "../scripts/model/manifest.js";
 import { ensureHistory } from "../scripts/model/history.js";
+import { materialiseAll } from "../scripts/model/starter-files.js";
 import { PACKAGE, REPO, at, collect, course, git, learnerEnv, realChapter, tempDir, waitFor, freshDir } from "./harness-helpers.js";
 
 const checkpoints = loadCheckpoints();
@@ -57,12 +58,13 @@ test("练习目录不泄漏答案：一个提交、没有历史与清单、没�
   const tracked = (await git(dir, ["ls-files"])).split("\n").filter(Boolean);
   assert.equal(tracked.some((file) => /^(\.history|checkpoints|starters)\//.test(file)), false);
 
+  const starters = await materialiseAll(chapter, await ensureHistory(checkpoints));
   for (const file of chapter.teachingFiles) {
     const solution = await git(at(REPO, ".history"), ["show", `course/${chapter.id}:${file}`]);
     const given = await fs.readFile(at(dir, file), "utf8");
     assert.notEqual(given, solution, `${file} 不应是 target 版本`);
     const starter = chapter.starters.find((s) => s.destination === file);
-    if (starter) assert.equal(given, await fs.readFile(at(REPO, starter.source), "utf8"), `${file} 应是脚手架 ${starter.source}`);
+    if (starter) assert.equal(given, starters.get(file)!.text, `${file} 应是脚手架 ${starter.source}（存储形式铺在 target 上）`);
   }
   assert.ok(fs.existsSync(path.join(dir, "LEARNING.md")));
   const manifest = JSON.parse(await fs.readFile(path.join(dir, "pi-practice.json"), "utf8")) as { id: string; parent: string; target: string };
