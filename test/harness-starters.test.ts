@@ -7,7 +7,7 @@ import path from "node:path";
 import fs from "fs-extra";
 import { type Checkpoint, loadCheckpoints } from "../scripts/model/manifest.js";
 import { ensureHistory, showFile, type HistoryInfo } from "../scripts/model/history.js";
-import { materialiseAll, misfitReport } from "../scripts/model/starter-files.js";
+import { materialiseAll, misfitReport, storedStarterProblems } from "../scripts/model/starter-files.js";
 import { applyHoles, diffRuns, holesOf, parseHoles, resetHoles, splitLines, starterHoles, storedPath } from "../scripts/model/starter-store.js";
 import { REPO, at, copyCourse, course, git, run, tempDir } from "./harness-helpers.js";
 
@@ -138,6 +138,36 @@ test("checkpoint NN --starter 打印学习者拿到的全文；--checkout 写出
   assert.equal(await fs.readFile(at(copy, storedPath(starter.source)), "utf8"), stored);
   const nothing = await course(copy, "starter", ["save"]);
   assert.match(nothing.stdout, /没有等待保存的完整脚手架/);
+});
+
+test("target 的修改碰到洞：verify 的检查指出第 23 章、文件、lab、第几处和命令；照命令 --checkout 再 save 之后重新贴合，脚手架逐字节不变", async () => {
+  const c = checkpoints.find((x) => x.id === "23")!;
+  const starter = c.starters.find((s) => s.destination.endsWith("/router.ts"))!;
+  const holes = parseHoles(await fs.readFile(at(REPO, storedPath(starter.source)), "utf8"), starter.source);
+  const labIds = c.labs.map((lab) => lab.id);
+  const index = holes.findIndex((h) => h.removed >= 2 && /Lab 23\.\d/.test(h.lines.join("\n")));
+  assert.ok(index >= 0, "前提：router.ts 的脚手架里有替换掉两行以上的 lab 洞");
+  const copy = path.join(scratch, "touched");
+  await copyCourse(copy);
+  const file = at(copy, starter.destination);
+  const lines = splitLines(await fs.readFile(file, "utf8"));
+  lines[holes[index]!.start] += " // 洞里的一处修改";
+  await fs.writeFile(file, lines.join("\n"));
+  const then = loadCheckpoints(path.join(copy, "checkpoints"));
+  const problems = await storedStarterProblems(then.find((x) => x.id === "23")!, await ensureHistory(then, { root: copy }), copy);
+  assert.equal(problems.length, 1, JSON.stringify(problems));
+  assert.equal(problems[0]!.blocking, true);
+  const lab = holes[index]!.lines.join("\n").match(/Lab (23\.\d+)/)![1]!;
+  assert.ok(labIds.includes(lab));
+  for (const part of ["第 23 章", starter.destination, `第 ${index + 1} 处`, `Lab ${lab}`, "npm run checkpoint -w @pi/course -- 23 --starter router.ts --checkout", `npm run starter -- save ${starter.source}`])
+    assert.ok(problems[0]!.message.includes(part), `${part}：\n${problems[0]!.message}`);
+  const out = await course(copy, "checkpoint", ["23", "--starter", "router.ts", "--checkout"]);
+  assert.equal(out.code, 0, out.stderr);
+  assert.match(out.stderr, /⚠ 第 23 章/);
+  assert.equal((await course(copy, "starter", ["save", starter.source])).code, 0);
+  assert.deepEqual(await storedStarterProblems(then.find((x) => x.id === "23")!, await ensureHistory(then, { root: copy }), copy), []);
+  const printed = await course(copy, "checkpoint", ["23", "--starter", "router.ts"]);
+  assert.equal(printed.stdout, (await materialiseAll(c, info)).get(starter.destination)!.text, "洞里的修改被脚手架的这一处盖住，学习者拿到的文件不变");
 });
 
 /**

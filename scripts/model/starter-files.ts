@@ -36,15 +36,15 @@ export function header(c: Pick<Checkpoint, "id">, starter: StarterOverlay): stri
 }
 
 /** The starter of `starter` as a learner gets it, over the chapter's current target. */
-export async function materialise(c: Checkpoint, info: HistoryInfo, starter: StarterOverlay, force = false): Promise<Materialised> {
+export async function materialise(c: Checkpoint, info: HistoryInfo, starter: StarterOverlay, force = false, root = ROOT): Promise<Materialised> {
   const labIds = c.labs.map((lab) => lab.id);
   const target = await showFile(info.dir, info.chapters.get(c.id)!.target, starter.destination);
-  const full = inTree(ROOT, starter.source);
+  const full = inTree(root, starter.source);
   if (fs.existsSync(full)) {
     const text = fs.readFileSync(full, "utf8");
     return { starter, text, holes: starterHoles(holesOf(target, text), labIds), misfits: [], pending: true };
   }
-  const stored = inTree(ROOT, storedPath(starter.source));
+  const stored = inTree(root, storedPath(starter.source));
   if (!fs.existsSync(stored)) throw new CourseError(`第 ${c.id} 章缺少脚手架 ${storedPath(starter.source)}（清单 starters 里列着 ${starter.source}）。`);
   const holes = parseHoles(fs.readFileSync(stored, "utf8"), storedPath(starter.source));
   const applied = applyHoles(target, holes, labIds, force);
@@ -93,18 +93,18 @@ export function pendingFullStarters(root = ROOT): string[] {
  * longer fits is blocking (no practice folder can be made); a full file still waiting to be saved is not (practice
  * uses it), but verify stays red until it is saved.
  */
-export async function storedStarterProblems(c: Checkpoint, info: HistoryInfo): Promise<Array<{ area: string; message: string; blocking: boolean }>> {
+export async function storedStarterProblems(c: Checkpoint, info: HistoryInfo, root = ROOT): Promise<Array<{ area: string; message: string; blocking: boolean }>> {
   const problems: Array<{ area: string; message: string; blocking: boolean }> = [];
   for (const starter of c.starters) {
-    if (fs.existsSync(inTree(ROOT, starter.source))) {
+    if (fs.existsSync(inTree(root, starter.source))) {
       problems.push({ area: "脚手架", message: `${starter.source} 是完整的脚手架，还没有存回只含差异的形式：${saveCommand(starter)}`, blocking: false });
       continue;
     }
-    if (!fs.existsSync(inTree(ROOT, storedPath(starter.source)))) {
+    if (!fs.existsSync(inTree(root, storedPath(starter.source)))) {
       problems.push({ area: "脚手架", message: `缺少 ${storedPath(starter.source)}（清单 starters 列着 ${starter.source}）`, blocking: true });
       continue;
     }
-    const { misfits } = await materialise(c, info, starter, true);
+    const { misfits } = await materialise(c, info, starter, true, root);
     if (misfits.length > 0) problems.push({ area: "脚手架", message: misfitReport(c, starter, misfits).join("\n      "), blocking: true });
   }
   return problems;
