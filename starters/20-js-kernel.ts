@@ -3,6 +3,8 @@
 // 一个内核 = 一个常驻的 node:vm context。你要写的是：
 // - Lab 20.1：第一次 execute 时创建 context（console 与能力命名空间放进去），把单元格包成 async 函数体运行，
 //   收集 console 输出，用 vm 的 timeout 掐同步死循环、用宿主计时器看守异步部分；超时就丢掉旧 context 换新的。
+//   context 要有自己的微任务队列（createContext 的 microtaskMode: "afterEvaluate"），否则 `await null; for (;;) {}`
+//   会冻住宿主；于是能力交回的 Promise 有了结果之后，宿主得在 context 里跑一段空脚本“推一下”队列（仍带 timeout）。
 // - Lab 20.2：创建 context 的那一刻记下全局名字的基线；describe() 在 context 里跑一段固定的只读探针，
 //   宿主减去基线与 "__" 开头的名字。没有 context 时 describe() 回空状态，而且不创建 context。
 //

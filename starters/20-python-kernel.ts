@@ -6,7 +6,6 @@
 //
 // ——以下是 target 文件开头的说明，原样保留——
 //
-//
 // 内核程序就在旁边的 kernel.py 里（可以直接打开读）。这一侧是宿主：
 // - execute() 把单元格写成若干行，再写一行 __HARNESS_CELL_END__；
 // - describe() 只写一行控制命令 __HARNESS_STATE__，它不进单元格流水线；
@@ -14,8 +13,16 @@
 // 两个动作共用一条私有的发送路径 send()：同一时刻只有一个请求在途，其余排队；每个请求一个计时器，
 // 超时就杀掉内核再重启一个；读到的每一行都先把 \r\n 归一成 \n。所以状态检查自动继承单元格的全部语义。
 // describe() 还多一条规矩：没有活着的内核时直接回空状态，绝不为了“看一眼”去启动 Python。
+//
+// 三条加固：
+// - 每个请求带一个新的随机暗号（结束标记行与控制行的末尾），内核的结果行与能力行必须带着同一个暗号，
+//   否则只是普通输出：单元格自己打印一行 __HARNESS_RESULT__、上一格留下的线程乱写，都冒充不了结果。
+// - 内核在自己的进程组里运行（detached）；超时、取消、reset 与内核退出时杀掉整个组。宿主等的是进程的
+//   exit，而不是管道的 close：内核启动的孙进程拿着 stdout 不放，也拖不住宿主。
+// - 一行最多 LINE_LIMIT 个字符，绕过 print 的输出每个请求最多 OUTPUT_LIMIT 个字符；超出的部分丢掉并写明上限。
 
 import { spawn } from "node:child_process";
+import { randomBytes } from "node:crypto";
 import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -32,6 +39,7 @@ import {
 
 // 实现里会用到的导入；先引用一次。
 void spawn;
+void randomBytes;
 void DEFAULT_CELL_TIMEOUT_MS;
 void emptyRuntimeState;
 void toPlainValue;
@@ -47,6 +55,14 @@ export const HARNESS_READY_LINE = "__HARNESS_READY__";
 /** 单元格调用宿主能力时内核打印的前缀，以及宿主答复的前缀。 */
 export const HARNESS_CAP_PREFIX = "__HARNESS_CAP__";
 export const HARNESS_CAP_REPLY_PREFIX = "__HARNESS_CAP_REPLY__";
+
+/** 宿主读内核 stdout 时一行的上限（字符）：更长的行只留开头、不当作协议行；内核的结果行与能力行绝不会这么长。 */
+export const LINE_LIMIT = 8 * 1024 * 1024;
+/** 一个请求里绕过 print 直接写进管道的输出最多保留这么多个字符（kernel.py 对 print 的输出用同一个上限）。 */
+export const OUTPUT_LIMIT = 1_000_000;
+/** 内核退出之后，最多再等这么久让管道关闭（拿着管道的孙进程已经连同进程组一起被杀掉）。 */
+const PIPE_GRACE_MS = 200;
+void PIPE_GRACE_MS;
 
 export interface PythonKernelOptions {
   /** Python 解释器；省略时用 findPython()：PI_COURSE_PYTHON，然后 python3，然后 python。 */
