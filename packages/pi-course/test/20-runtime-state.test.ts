@@ -8,10 +8,9 @@
 import assert from "node:assert/strict";
 import fs from "node:fs";
 import os from "node:os";
-import { execFileSync } from "node:child_process";
+import { execFile, execFileSync } from "node:child_process";
 import path from "node:path";
 import test from "node:test";
-import { pathToFileURL } from "node:url";
 
 import { runAgentLoop } from "../src/agent-loop.js";
 import { ScriptedModel } from "../src/scripted-model.js";
@@ -31,6 +30,7 @@ import {
   HARNESS_CELL_END,
   HARNESS_RESULT_PREFIX,
   HARNESS_STATE_LINE,
+  OUTPUT_LIMIT,
   PythonNotFoundError,
   createPythonKernel,
   findPython,
@@ -94,16 +94,23 @@ async function abortMidCell(runtime: CodeRuntime, code: string, started: Promise
   const cancelled = await hanging;
   assert.equal(cancelled.ok, false);
   assert.equal(cancelled.error?.name, "AbortError");
-  assert.match(cancelled.error?.message ?? "", /\S/);
+  assert.match(cancelled.error?.message ?? "", /被取消/);
+  assert.match(cancelled.error?.message ?? "", /内核已(被杀掉|丢弃)/);
   return cancelled;
 }
 
 /**
  * 一个带 clock 能力的 JS 内核：wait(ms) 过 ms 毫秒后 resolve；hang() 先告诉测试“这一格已经在等了”
- * （nextHang() 返回的 Promise 随之 resolve），然后永远不 resolve。
+ * （nextHang() 返回的 Promise 随之 resolve），然后永远不 resolve；hold() 同样先告诉测试，再一直等到
+ * 测试调用 release(value)。
  */
-function clockKernel(options: { timeoutMs?: number } = {}): { kernel: CodeRuntime; nextHang: () => Promise<void> } {
+function clockKernel(options: { timeoutMs?: number } = {}): {
+  kernel: CodeRuntime;
+  nextHang: () => Promise<void>;
+  release: (value: unknown) => void;
+} {
   const hangs: Array<() => void> = [];
+  const holds: Array<(value: unknown) => void> = [];
   const kernel = createJavaScriptKernel({
     ...options,
     capabilities: {
@@ -113,13 +120,71 @@ function clockKernel(options: { timeoutMs?: number } = {}): { kernel: CodeRuntim
           hangs.shift()?.();
           return new Promise(() => {});
         },
+        hold: () => {
+          hangs.shift()?.();
+          return new Promise((resolve) => holds.push(resolve));
+        },
       },
     },
   });
   const nextHang = (): Promise<void> => new Promise((resolve) => {
     hangs.push(resolve);
   });
-  return { kernel, nextHang };
+  return { kernel, nextHang, release: (value) => holds.shift()?.(value) };
+}
+
+/** 编译好的教学模块：从本测试文件的位置找（dist/test/ 旁边的 dist/src/），与当前目录无关。 */
+function compiledModule(relative: string): string {
+  return new URL(`../src/code-runtime/${relative}`, import.meta.url).href;
+}
+
+/**
+ * 在一个子进程里跑一段用到编译好的模块的脚本，交回它写到 stdout 的文本。子进程被冻住时，
+ * 这边（没被冻住）的 timeout 杀掉它，测试以那条消息失败，而不是跟着一起卡死。
+ */
+function runInChild(script: string, timeoutMs: number): Promise<string> {
+  return new Promise((resolve, reject) => {
+    execFile(process.execPath, ["--input-type=module", "-e", script], { encoding: "utf8", timeout: timeoutMs, killSignal: "SIGKILL" }, (error, stdout) => {
+      if (error) reject(new Error(`子进程没有在 ${timeoutMs} ms 内正常结束（宿主被冻住了？）：${error.message}\n${stdout}`));
+      else resolve(stdout);
+    });
+  });
+}
+
+/** 一个 pid 的进程是否还活着：读 /proc/<pid>/stat，僵尸（Z）与已经消失都算死了。 */
+function processAlive(pid: number): boolean {
+  try {
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, "utf8");
+    const state = stat.slice(stat.lastIndexOf(")") + 2, stat.lastIndexOf(")") + 3);
+    return state !== "Z" && state !== "X";
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * 等一个已经被 SIGKILL 的进程真正死掉。信号已经发出，这里只是等内核把它处理完：每一轮都让出事件循环，
+ * 结论来自 /proc，不来自时钟；测试自己的超时是唯一的上限。
+ */
+async function deadSoon(pid: number): Promise<boolean> {
+  while (processAlive(pid)) await new Promise((resolve) => setImmediate(resolve));
+  return true;
+}
+
+/**
+ * 用完一个内核：body 成功就 reset() 并让 reset 的失败照常报告；body 失败时也 reset()，
+ * 但收尾的失败（例如脚手架里 reset 还没实现）绝不盖住 body 那个真正的失败。
+ */
+async function withKernel<K extends CodeRuntime, T>(kernel: K, body: (kernel: K) => Promise<T>): Promise<T> {
+  let result: T;
+  try {
+    result = await body(kernel);
+  } catch (error) {
+    await kernel.reset().catch(() => {});
+    throw error;
+  }
+  await kernel.reset();
+  return result;
 }
 
 /** Lab 20.3 的入口：没有 Python 时这里抛出一行安装提示，测试就此失败（不是跳过）。 */
@@ -151,11 +216,11 @@ function onPlatform<T>(platform: NodeJS.Platform, body: () => T): T {
 }
 
 /**
- * 当前目录是 dir 时 findPython(env) 交回什么：在 cwd 为 dir 的子进程里问它，测试进程自己的当前目录不动
- * （测试的工作目录就是仓库根，编译好的模块按这个位置找）。
+ * 当前目录是 dir 时 findPython(env) 交回什么：在 cwd 为 dir 的子进程里问它，测试进程自己的当前目录不动。
+ * 编译好的模块按本测试文件的位置找，所以从仓库根、从 packages/pi-course 运行都一样。
  */
 function findPythonIn(dir: string, env: NodeJS.ProcessEnv): string {
-  const kernel = pathToFileURL(path.resolve("packages/pi-course/dist/src/code-runtime/python-kernel.js")).href;
+  const kernel = compiledModule("python-kernel.js");
   const script = `const { findPython } = await import(${JSON.stringify(kernel)});\nprocess.stdout.write(findPython(${JSON.stringify(env)}));`;
   return execFileSync(process.execPath, ["--input-type=module", "-e", script], { cwd: dir, encoding: "utf8" });
 }
@@ -174,18 +239,31 @@ async function withEnv<T>(vars: Record<string, string>, body: () => Promise<T>):
   }
 }
 
-/** 一个 gate 能力：单元格调用 gate.started() 时，next() 返回的 Promise 随之 resolve（“这一格已经跑到这里了”）。 */
-function gateCapability(): { next: () => Promise<void>; capabilities: { gate: { started(): Promise<boolean> } } } {
+/**
+ * 一个 gate 能力：单元格调用 gate.started() 时，next() 返回的 Promise 随之 resolve（“这一格已经跑到这里了”）；
+ * gate.hold() 同样先让 next() resolve，然后一直等到测试调用 release()。
+ */
+function gateCapability(): {
+  next: () => Promise<void>;
+  release: () => void;
+  capabilities: { gate: { started(): Promise<boolean>; hold(): Promise<string> } };
+} {
   const waiting: Array<() => void> = [];
+  const holds: Array<() => void> = [];
   return {
     next: () => new Promise((resolve) => {
       waiting.push(resolve);
     }),
+    release: () => holds.shift()?.(),
     capabilities: {
       gate: {
         async started() {
           waiting.shift()?.();
           return true;
+        },
+        hold() {
+          waiting.shift()?.();
+          return new Promise((resolve) => holds.push(() => resolve("released")));
         },
       },
     },
@@ -296,7 +374,7 @@ test("Lab 20.1 · 超时：同步死循环与永不结束的 await 都返回 Tim
   const spin = await kernel.execute("while (true) {}", { timeoutMs: 100 });
   assert.equal(spin.ok, false);
   assert.equal(spin.error?.name, "TimeoutError");
-  assert.match(spin.error?.message ?? "", /\S/);
+  assert.equal(spin.error?.message, "超过 100 ms 没有结束：旧内核已丢弃（变量全部丢失），已换上一个新内核");
   assert.equal(await okValue(kernel, "return typeof keep"), "undefined");
 
   assert.equal(await okValue(kernel, "keep = 2\nreturn keep"), 2);
@@ -317,7 +395,7 @@ test("Lab 20.1 · 超时：同步死循环与永不结束的 await 都返回 Tim
   assert.equal(early.ok, false);
   assert.equal(early.stdout, "");
   assert.equal(early.error?.name, "AbortError");
-  assert.match(early.error?.message ?? "", /\S/);
+  assert.equal(early.error?.message, "单元格在开始前就被取消了");
   assert.equal(await okValue(kernel, "return typeof ran"), "undefined");
 
   // 内核创建时给的超时就是默认值；期限从这一格开始时算，await 宿主能力的时间也在里面。
@@ -328,13 +406,31 @@ test("Lab 20.1 · 超时：同步死循环与永不结束的 await 都返回 Tim
   // 跑到一半被取消：这一格是 AbortError，内核连同 late 一起丢掉。
   await abortMidCell(clock.kernel, "await clock.hang()", clock.nextHang());
   assert.equal(await okValue(clock.kernel, "return typeof late"), "undefined");
+
+  // await 之后的死循环：不论等的是 null 还是宿主能力，期限照样有效，宿主的事件循环不被冻住
+  // （在子进程里跑，宿主真被冻住时这边杀掉它）。子进程的计时器在两格超时之后照常触发，下一格照常运行。
+  const script = [
+    `const { createJavaScriptKernel } = await import(${JSON.stringify(compiledModule("js-kernel.js"))});`,
+    "const kernel = createJavaScriptKernel({ capabilities: { clock: { tick: () => new Promise((resolve) => setImmediate(() => resolve(1))) } } });",
+    "const first = await kernel.execute('keep = 1\\nawait null\\nfor (;;) {}', { timeoutMs: 200 });",
+    "const second = await kernel.execute('await clock.tick()\\nfor (;;) {}', { timeoutMs: 200 });",
+    "const timerFired = await new Promise((resolve) => setTimeout(() => resolve(true), 0));",
+    "const after = await kernel.execute('await clock.tick()\\nreturn typeof keep');",
+    "process.stdout.write(JSON.stringify({ first: first.error, second: second.error, timerFired, after }));",
+  ].join("\n");
+  const report = JSON.parse(await runInChild(script, 8_000)) as { first?: RuntimeResult["error"]; second?: RuntimeResult["error"]; timerFired: boolean; after: RuntimeResult };
+  assert.equal(report.first?.name, "TimeoutError", "await null 之后的死循环");
+  assert.equal(report.first?.message, "超过 200 ms 没有结束：旧内核已丢弃（变量全部丢失），已换上一个新内核");
+  assert.equal(report.second?.name, "TimeoutError", "await 宿主能力之后的死循环");
+  assert.equal(report.timerFired, true);
+  assert.deepEqual(report.after, { ok: true, value: "undefined", stdout: "" });
 });
 
 // ---------------------------------------------------------------------------
 // Lab 20.2 · 基线与 describe()
 // ---------------------------------------------------------------------------
 
-test("Lab 20.2 · 未启动与 reset 之后 describe() 都是 alive=false，而且不会为了看一眼而创建内核，也不添加全局名字", HANG_GUARD, async () => {
+test("Lab 20.2 · 未启动与 reset 之后 describe() 都是 alive=false，而且不会为了看一眼而创建内核，也不添加全局名字", HANG_GUARD, async (t) => {
   const kernel = createJavaScriptKernel();
   assert.deepEqual(await kernel.describe(), { alive: false, variables: [] });
   // 如果 describe 偷偷创建了 context，第二次就会是 alive=true。
@@ -372,17 +468,29 @@ test("Lab 20.2 · 未启动与 reset 之后 describe() 都是 alive=false，而�
   assert.deepEqual(await clock.kernel.describe(), { alive: false, variables: [] });
 
   // describe() 与 execute() 排同一条队：排在正在跑的一格后面，看到的是它结束之后的状态。
-  const [waited, queued] = await Promise.all([clock.kernel.execute("late = await clock.wait(20)"), clock.kernel.describe()]);
-  assert.equal(waited.ok, true);
-  assert.ok(names(queued).includes("late"), names(queued).join(", "));
+  // 这一格停在 clock.hold() 上，describe() 已经发出；测试放行之后两者才先后完成。
+  const holding = clock.nextHang();
+  const running = clock.kernel.execute("late = await clock.hold()");
+  const queued = clock.kernel.describe();
+  await holding;
+  clock.release(20);
+  assert.equal((await running).ok, true);
+  assert.deepEqual(entry(await queued, "late"), { name: "late", type: "number", preview: "20" });
 
-  // reset() 立即生效：一格跑到一半时 reset，它之后超时也不会再拉起一个内核。
-  const waiting = clock.nextHang();
-  const orphan = clock.kernel.execute("await clock.hang()", { timeoutMs: 50 });
-  await waiting;
-  await clock.kernel.reset();
-  assert.equal((await orphan).error?.name, "TimeoutError");
-  assert.deepEqual(await clock.kernel.describe(), { alive: false, variables: [] });
+  // reset() 立即生效：一格跑到一半时 reset，它之后超时也不会再拉起一个内核。计时器是模拟的：
+  // 超时一定发生在 reset 之后（真实的 50 ms 在繁忙的机器上可能先到，那样这里就什么也没测到）。
+  t.mock.timers.enable({ apis: ["setTimeout"] });
+  try {
+    const waiting = clock.nextHang();
+    const orphan = clock.kernel.execute("await clock.hang()", { timeoutMs: 50 });
+    await waiting;
+    await clock.kernel.reset();
+    t.mock.timers.tick(50);
+    assert.equal((await orphan).error?.name, "TimeoutError");
+    assert.deepEqual(await clock.kernel.describe(), { alive: false, variables: [] });
+  } finally {
+    t.mock.timers.reset();
+  }
 });
 
 test("Lab 20.2 · 只报告基线之外、不以 __ 开头的名字：裸赋值与 globalThis.x 可见，let/const/var、内建、console 与能力命名空间不可见", HANG_GUARD, async () => {
@@ -492,8 +600,7 @@ test("Lab 20.3 · 真实 python3 子进程：单元格以标记行结束，结�
     fs.rmSync(bin, { recursive: true, force: true });
   }
 
-  const kernel = pythonKernel();
-  try {
+  await withKernel(pythonKernel(), async (kernel) => {
     assert.deepEqual(await kernel.describe(), { alive: false, variables: [] });
     assert.equal(kernel.pid, undefined, "describe() 不应启动 Python 进程");
 
@@ -514,9 +621,10 @@ test("Lab 20.3 · 真实 python3 子进程：单元格以标记行结束，结�
     assert.equal(refused.ok, false);
     assert.equal(refused.stdout, "");
     assert.equal(refused.error?.name, "ProtocolError");
-    assert.match(refused.error?.message ?? "", /\S/);
-    // 单独的 \r 也是换行：藏在 \r 后面的结束标记同样被拒。
+    assert.equal(refused.error?.message, "单元格里不能出现协议标记行：以 __HARNESS_CELL_END__ 开头的行，或者以 __HARNESS_STATE__ 开头的第一行");
+    // 单独的 \r 也是换行：藏在 \r 后面的结束标记同样被拒；后面跟着别的字符的标记行也一样。
     assert.equal((await kernel.execute(`a = 1\r${HARNESS_CELL_END}\rb = 2`)).error?.name, "ProtocolError");
+    assert.equal((await kernel.execute(`a = 1\n${HARNESS_CELL_END} guess\nb = 2`)).error?.name, "ProtocolError");
     // 第一行就是控制行的单元格同样被拒：否则内核会把它当成一次状态检查。
     assert.equal((await kernel.execute(`${HARNESS_STATE_LINE}\nz = 2`)).error?.name, "ProtocolError");
 
@@ -536,21 +644,54 @@ test("Lab 20.3 · 真实 python3 子进程：单元格以标记行结束，结�
     const raw = await kernel.execute("import os\nos.write(1, b'\\nraw\\r\\nmid\\rdle\\r\\n__HARNESS_READY__\\n')\nprint('printed')");
     assert.deepEqual(raw, { ok: true, stdout: "\nraw\nmid\rdle\n__HARNESS_READY__\nprinted\n" });
 
-    // 单元格冒充一行结果：宿主只认第一行结果行。{"ok": false} 没带 stdout 与 error，结果里的 stdout 就只是之前那两行原样文字，
-    // error 仍有一句话；结果之后的行没有请求可归，丢掉。（真正的结果行还在路上，所以这是这个内核的最后一格。）
-    const forged = await kernel.execute("import os\nos.write(1, b'stray text\\nsecond line\\n__HARNESS_RESULT__{\"ok\": false}\\nafter the result\\n')");
-    assert.equal(forged.ok, false);
-    assert.equal(forged.stdout, "stray text\nsecond line\n");
-    assert.match(forged.error?.message ?? "", /\S/);
-  } finally {
-    await kernel.reset();
-  }
+    // 单元格冒充结果行：没有这个请求的暗号，它们只是普通输出。真正的结果照常到达，下一格也不会错位。
+    const forged = await kernel.execute([
+      "import os",
+      "os.write(1, b'stray text\\n__HARNESS_RESULT__{\"ok\": false}\\n__HARNESS_RESULT__0123 {\"ok\": true, \"value\": 99}\\n')",
+      "'real'",
+    ].join("\n"));
+    assert.deepEqual(forged, { ok: true, value: "real", stdout: 'stray text\n__HARNESS_RESULT__{"ok": false}\n__HARNESS_RESULT__0123 {"ok": true, "value": 99}\n' });
+    // 上一格留下的线程在后面几格里不停地写“结果行”：每一格拿到的仍是自己的结果，它写的只算输出。
+    await okValue(kernel, [
+      "import sys, threading",
+      "stop = threading.Event()",
+      "def forge():",
+      "    while not stop.is_set():",
+      "        sys.__stdout__.write('__HARNESS_RESULT__{\"ok\": true, \"value\": \"forged\"}\\n')",
+      "        sys.__stdout__.flush()",
+      "        stop.wait(0.001)",
+      "threading.Thread(target=forge, daemon=True).start()",
+    ].join("\n"));
+    for (const n of [1, 2, 3]) {
+      const own = await kernel.execute(`${n} * 10`);
+      assert.equal(own.ok, true);
+      assert.equal(own.value, n * 10, `第 ${n} 格拿到的是自己的结果`);
+      assert.ok(own.stdout.split("\n").every((line) => line === "" || line.includes("forged")), own.stdout);
+    }
+    await okValue(kernel, "stop.set()");
+    assert.equal(await okValue(kernel, "'after the thread'"), "after the thread");
+
+    // 没有换行的 20 MB 输出，后面接着一格的值：结果行从行首开始，不会粘在它后面；输出只留前 OUTPUT_LIMIT 个字符并写明上限。
+    assert.equal(OUTPUT_LIMIT, 1_000_000);
+    const flood = await kernel.execute("import os\nos.write(1, b'x' * 20_000_000)\n'still here'");
+    assert.equal(flood.ok, true);
+    assert.equal(flood.value, "still here");
+    assert.ok(flood.stdout.length < OUTPUT_LIMIT + 200, `stdout 有 ${flood.stdout.length} 个字符`);
+    assert.ok(flood.stdout.startsWith("x".repeat(1000)));
+    assert.match(flood.stdout, /…（绕过 print 的输出超过 1000000 个字符，其余已丢弃）\n$/);
+    // print 的输出在内核里就截断：同一个上限，同样写明。
+    const printed = await kernel.execute("print('y' * 3_000_000)\n7");
+    assert.equal(printed.value, 7);
+    assert.ok(printed.stdout.length < OUTPUT_LIMIT + 200, `stdout 有 ${printed.stdout.length} 个字符`);
+    assert.match(printed.stdout, /^y{1000000}\n…（超过 1000000 个字符，其余已丢弃）\n$/);
+    assert.deepEqual(await kernel.execute("'next'"), { ok: true, value: "next", stdout: "" });
+  });
 
   // 内核进程在选项给的 cwd 里运行、继承宿主的环境变量；宿主的区域设置不是 UTF-8 时中文照样往返（PYTHONIOENCODING=utf-8），
   // 导入的模块旁边不留 __pycache__（PYTHONDONTWRITEBYTECODE=1）。省略 command 时用 findPython() 找到的解释器。
   const work = scratchDir();
-  const local = createPythonKernel({ cwd: work, timeoutMs: 8_000 });
   try {
+    await withKernel(createPythonKernel({ cwd: work, timeoutMs: 8_000 }), async (local) => {
     fs.writeFileSync(path.join(work, "helper.py"), "VALUE = 7\n");
     const ascii = { PI_COURSE_20_MARK: "from the host", LC_ALL: "C", PYTHONUTF8: "0", PYTHONCOERCECLOCALE: "0", PYTHONIOENCODING: "ascii" };
     const here = await withEnv(ascii, () => local.execute(
@@ -558,12 +699,8 @@ test("Lab 20.3 · 真实 python3 子进程：单元格以标记行结束，结�
     ));
     assert.deepEqual(here, { ok: true, value: [fs.realpathSync(work), 7, "from the host"], stdout: "你好\n" });
     assert.equal(fs.existsSync(path.join(work, "__pycache__")), false, "不应写出 __pycache__");
-    // 结果行里的 JSON 坏了：ProtocolError，消息说的是 JSON。（这个内核的最后一格，理由同上。）
-    const broken = await local.execute("import os\nos.write(1, b'__HARNESS_RESULT__{not json\\n')");
-    assert.deepEqual({ ok: broken.ok, stdout: broken.stdout, name: broken.error?.name }, { ok: false, stdout: "", name: "ProtocolError" });
-    assert.match(broken.error?.message ?? "", /JSON/);
+    });
   } finally {
-    await local.reset();
     fs.rmSync(work, { recursive: true, force: true });
   }
 
@@ -592,14 +729,9 @@ test("Lab 20.3 · 真实 python3 子进程：单元格以标记行结束，结�
         assert.doesNotMatch(error.message, /still booting/);
         return true;
       }),
-      (async () => {
-        const chattyKernel = pythonKernel({ program: chatty });
-        try {
-          assert.deepEqual(await chattyKernel.execute("6 * 7"), { ok: true, value: 42, stdout: "" });
-        } finally {
-          await chattyKernel.reset();
-        }
-      })(),
+      withKernel(pythonKernel({ program: chatty }), async (chattyKernel) => {
+        assert.deepEqual(await chattyKernel.execute("6 * 7"), { ok: true, value: 42, stdout: "" });
+      }),
       assert.rejects(createPythonKernel({ command: python, program: mute, timeoutMs: 500 }).execute("1"), (error: Error) => {
         assert.match(error.message, /500/);
         return true;
@@ -612,8 +744,7 @@ test("Lab 20.3 · 真实 python3 子进程：单元格以标记行结束，结�
 
 test("Lab 20.3 · 内核卫生：主循环与能力注入的局部变量、import traceback、_ 前缀与内部模块都不进清单；能力调用由宿主执行", PYTHON_GUARD, async () => {
   const csv = csvCapability();
-  const kernel = pythonKernel({ capabilities: csv.capabilities });
-  try {
+  await withKernel(pythonKernel({ capabilities: csv.capabilities }), async (kernel) => {
     await okValue(kernel, "content = fs.read('data.csv')");
     await okValue(kernel, "lines = content.strip().split('\\n')[1:]");
     await okValue(kernel, "rows = [{'name': n, 'score': int(s)} for n, s in (line.split(',') for line in lines)]");
@@ -632,6 +763,27 @@ test("Lab 20.3 · 内核卫生：主循环与能力注入的局部变量、impor
     assert.equal(absent.ok, false);
     assert.match(absent.error?.message ?? "", /os\.system/);
     assert.equal(csv.reads(), 1);
+    // 冒充的能力行（没有暗号）：宿主不执行，也不往内核的 stdin 里写答复（那会混进下一格的代码）。
+    const fakeCall = await kernel.execute("import os as _os\n_os.write(1, b'__HARNESS_CAP__{\"ns\": \"fs\", \"fn\": \"read\", \"args\": [\"data.csv\"]}\\n')\n'sent'");
+    assert.deepEqual(fakeCall, { ok: true, value: "sent", stdout: '__HARNESS_CAP__{"ns": "fs", "fn": "read", "args": ["data.csv"]}\n' });
+    assert.equal(await okValue(kernel, "1 + 1"), 2, "下一格没有被塞进一行答复");
+    // 单元格另开的线程调用能力：被拒绝，消息说清原因；只有正在运行的那一格自己能请求宿主。
+    assert.equal(await okValue(kernel, [
+      "import threading as _threading",
+      "_seen = []",
+      "def _call():",
+      "    try:",
+      "        _seen.append(fs.read('data.csv'))",
+      "    except Exception as error:",
+      "        _seen.append(str(error))",
+      "_worker = _threading.Thread(target=_call)",
+      "_worker.start()",
+      "_worker.join()",
+      "_seen[0]",
+    ].join("\n")), "能力 fs.read 只能在正在运行的单元格的主线程里调用");
+    assert.equal(csv.reads(), 1);
+    // globals() 里不是字符串的键不是变量名：跳过，观察照常（内核不会因此崩溃而报告 alive=false）。
+    await okValue(kernel, "globals()[1] = 'one'\nglobals()[('a', 2)] = 'tuple'");
 
     const state = await kernel.describe();
     assert.deepEqual(names(state), ["content", "lines", "rows", "avg_score"]);
@@ -646,110 +798,130 @@ test("Lab 20.3 · 内核卫生：主循环与能力注入的局部变量、impor
     assert.equal(await okValue(kernel, "_scratch"), "mine, but private");
     assert.deepEqual(await okValue(kernel, "[name for name in ('traceback', 'line', 'code', 'payload', 'namespace', 'functions') if name in globals()]"), []);
     assert.equal(await okValue(kernel, "round(avg_score(rows), 2)"), 84.33);
-  } finally {
-    await kernel.reset();
-  }
+  });
 });
 
 test("Lab 20.3 · 同一条发送通道：并发请求排队一次一个；超时杀掉并重启内核；reset 之后 alive=false 且进程已退出", PYTHON_GUARD, async () => {
   // 一个不守规矩的对端（与主内核同时跑）：答复 __HARNESS_STATE__ 时先回 {"ok": false}，再回没有清单的 {"ok": true}，第三次干脆退出；
-  // 一格里有 deafen 时，先关掉自己的 stdin 再答复。describe() 从不 reject：观察途中内核退出是 alive=false，答复不成形是
-  // alive=true 与空清单；宿主再写不进 stdin 也不崩溃，那一格照常到期限超时。
+  // 一格里有 garble 时回一行带着暗号、JSON 却坏了的结果；有 deafen 时，先关掉自己的 stdin 再答复。describe() 从不 reject：
+  // 观察途中内核退出是 alive=false，答复不成形是 alive=true 与空清单；坏 JSON 是 ProtocolError；宿主再写不进 stdin 也不崩溃，
+  // 那一格照常到期限超时。
   const programs = scratchDir();
   const odd = path.join(programs, "odd-peer.py");
   fs.writeFileSync(odd, [
     "import os, sys, time",
     "states = 0",
     "cell = []",
+    "def reply(nonce, text):",
+    "    print('\\n__HARNESS_RESULT__' + nonce + ' ' + text, flush=True)",
     "print('__HARNESS_READY__', flush=True)",
     "for line in sys.stdin:",
     "    line = line.rstrip('\\r\\n')",
-    "    if line == '__HARNESS_STATE__':",
+    "    if line.startswith('__HARNESS_STATE__ '):",
     "        states += 1",
     "        if states == 3:",
     "            sys.exit(0)",
-    "        print('__HARNESS_RESULT__' + ('{\"ok\": false}' if states == 1 else '{\"ok\": true}'), flush=True)",
-    "    elif line == '__HARNESS_CELL_END__':",
-    "        if 'deafen' in cell:",
-    "            os.close(0)",
-    "        print('__HARNESS_RESULT__{\"ok\": true, \"value\": \"heard\", \"stdout\": \"\"}', flush=True)",
-    "        if 'deafen' in cell:",
-    "            time.sleep(30)",
+    "        reply(line.split(' ', 1)[1], '{\"ok\": false}' if states == 1 else '{\"ok\": true}')",
+    "    elif line.startswith('__HARNESS_CELL_END__ '):",
+    "        nonce = line.split(' ', 1)[1]",
+    "        if 'garble' in cell:",
+    "            reply(nonce, '{not json')",
+    "        else:",
+    "            if 'deafen' in cell:",
+    "                os.close(0)",
+    "            reply(nonce, '{\"ok\": true, \"value\": \"heard\", \"stdout\": \"\"}')",
+    "            if 'deafen' in cell:",
+    "                time.sleep(30)",
     "        cell = []",
     "    else:",
     "        cell.append(line)",
   ].join("\n"));
-  const peerCheck = (async () => {
-    const peer = pythonKernel({ program: odd });
-    try {
-      assert.deepEqual(await peer.execute("x = 1"), { ok: true, value: "heard", stdout: "" });
-      assert.deepEqual(await peer.describe(), { alive: true, variables: [] }, "答复 ok=false");
-      assert.deepEqual(await peer.describe(), { alive: true, variables: [] }, "答复里没有清单");
-      assert.deepEqual(await peer.describe(), { alive: false, variables: [] }, "观察途中退出");
-      assert.equal(peer.pid, undefined);
-      assert.deepEqual(await peer.execute("deafen"), { ok: true, value: "heard", stdout: "" });
-      assert.equal((await peer.execute("y = 2", { timeoutMs: 300 })).error?.name, "TimeoutError");
-    } finally {
-      await peer.reset();
-    }
-  })();
+  const peerCheck = withKernel(pythonKernel({ program: odd }), async (peer) => {
+    assert.deepEqual(await peer.execute("x = 1"), { ok: true, value: "heard", stdout: "" });
+    const broken = await peer.execute("garble");
+    assert.deepEqual(broken, { ok: false, stdout: "", error: { name: "ProtocolError", message: "内核发回的结果行不是合法的 JSON" } });
+    assert.deepEqual(await peer.describe(), { alive: true, variables: [] }, "答复 ok=false");
+    assert.deepEqual(await peer.describe(), { alive: true, variables: [] }, "答复里没有清单");
+    assert.deepEqual(await peer.describe(), { alive: false, variables: [] }, "观察途中退出");
+    assert.equal(peer.pid, undefined);
+    assert.deepEqual(await peer.execute("deafen"), { ok: true, value: "heard", stdout: "" });
+    assert.equal((await peer.execute("y = 2", { timeoutMs: 300 })).error?.name, "TimeoutError");
+  });
   peerCheck.catch(() => {}); // 结论在本项末尾才交出；先挂上处理，免得它先失败时成了未处理的 rejection
 
   const gate = gateCapability();
-  const kernel = pythonKernel({ capabilities: gate.capabilities });
   try {
-    const [slow, seen, after] = await Promise.all([
-      kernel.execute("import time\ntime.sleep(0.2)\nslow = 1\n'slept'"),
-      kernel.describe(),
-      kernel.execute("slow + 1"),
-    ]);
-    assert.deepEqual(slow, { ok: true, value: "slept", stdout: "" });
-    assert.deepEqual(names(seen), ["time", "slow"], "describe 排在第一个单元格之后");
-    assert.deepEqual(after, { ok: true, value: 2, stdout: "" });
+    await withKernel(pythonKernel({ capabilities: gate.capabilities }), async (kernel) => {
+      // 第一格停在 gate.hold() 上，另外两个请求已经发出；放行之后三者按顺序完成。
+      const holding = gate.next();
+      const pending = Promise.all([
+        kernel.execute("slow = 1\ngate.hold()"),
+        kernel.describe(),
+        kernel.execute("slow + 1"),
+      ]);
+      await holding;
+      gate.release();
+      const [slow, seen, after] = await pending;
+      assert.deepEqual(slow, { ok: true, value: "released", stdout: "" });
+      assert.deepEqual(names(seen), ["slow"], "describe 排在第一个单元格之后");
+      assert.deepEqual(after, { ok: true, value: 2, stdout: "" });
 
-    const firstPid = kernel.pid;
-    const spin = await kernel.execute("while True:\n    pass", { timeoutMs: 300 });
-    assert.equal(spin.ok, false);
-    assert.equal(spin.error?.name, "TimeoutError");
-    assert.match(spin.error?.message ?? "", /300/, "超时消息说出期限");
-    assert.equal(typeof kernel.pid, "number");
-    assert.notEqual(kernel.pid, firstPid, "超时之后应当是一个新的内核进程");
-    assert.deepEqual(await kernel.describe(), { alive: true, variables: [] });
-    assert.equal((await kernel.execute("slow")).error?.name, "NameError");
+      const firstPid = kernel.pid;
+      const spin = await kernel.execute("while True:\n    pass", { timeoutMs: 300 });
+      assert.equal(spin.ok, false);
+      assert.equal(spin.error?.name, "TimeoutError");
+      assert.equal(spin.error?.message, "超过 300 ms 没有结束：旧内核已被杀掉（变量全部丢失），已换上一个新内核");
+      assert.equal(typeof kernel.pid, "number");
+      assert.notEqual(kernel.pid, firstPid, "超时之后应当是一个新的内核进程");
+      assert.deepEqual(await kernel.describe(), { alive: true, variables: [] });
+      assert.equal((await kernel.execute("slow")).error?.name, "NameError");
 
-    const lastPid = kernel.pid!;
-    await kernel.reset();
-    assert.equal(kernel.pid, undefined);
-    await kernel.reset(); // 没有进程时再 reset 一次也无妨
-    assert.deepEqual(await kernel.describe(), { alive: false, variables: [] });
-    assert.equal(kernel.pid, undefined, "reset 之后的 describe() 也不启动进程");
-    assert.throws(() => process.kill(lastPid, 0), { code: "ESRCH" }, "reset 之后旧进程应当已经退出");
+      const lastPid = kernel.pid!;
+      await kernel.reset();
+      assert.equal(kernel.pid, undefined);
+      await kernel.reset(); // 没有进程时再 reset 一次也无妨
+      assert.deepEqual(await kernel.describe(), { alive: false, variables: [] });
+      assert.equal(kernel.pid, undefined, "reset 之后的 describe() 也不启动进程");
+      assert.throws(() => process.kill(lastPid, 0), { code: "ESRCH" }, "reset 之后旧进程应当已经退出");
 
-    // 跑到一半被取消：AbortError，之前直接写进管道的行还在 stdout 里；进程被杀掉、不重启，下一格从新内核开始。
-    await okValue(kernel, "kept = 1");
-    const runningPid = kernel.pid!;
-    const cancelled = await abortMidCell(kernel, "import os, time\nos.write(1, b'before the wait\\n')\ngate.started()\ntime.sleep(30)", gate.next());
-    assert.equal(cancelled.stdout, "before the wait\n");
-    assert.equal(kernel.pid, undefined, "取消之后不重启内核");
-    assert.deepEqual(await kernel.describe(), { alive: false, variables: [] });
-    assert.throws(() => process.kill(runningPid, 0), { code: "ESRCH" }, "取消之后旧进程应当已经退出");
-    // 开始前就取消了的 signal：这一格不运行。
-    const early = await kernel.execute("ran = True", { signal: AbortSignal.abort() });
-    assert.deepEqual({ ok: early.ok, stdout: early.stdout, name: early.error?.name }, { ok: false, stdout: "", name: "AbortError" });
-    assert.equal(await okValue(kernel, "'ran' in globals()"), false);
+      // 单元格启动的孙进程继承了 stdout，而且一直不退出：超时、reset 与内核自己退出时，宿主都不等它放开管道，
+      // 它也随内核所在的进程组一起被杀掉（/proc 里已经没有它，或者只剩僵尸）。
+      const grandchild = "import subprocess\nsubprocess.Popen(['sleep', '3600']).pid";
+      const heldByTimeout = await okValue(kernel, grandchild) as number;
+      assert.equal((await kernel.execute("while True:\n    pass", { timeoutMs: 300 })).error?.name, "TimeoutError");
+      assert.equal(await deadSoon(heldByTimeout), true);
+      const heldByReset = await okValue(kernel, grandchild) as number;
+      await kernel.reset();
+      assert.equal(await deadSoon(heldByReset), true);
+      const heldByExit = await okValue(kernel, grandchild) as number;
+      const exited = await kernel.execute("import os\nos._exit(4)");
+      assert.deepEqual(exited, { ok: false, stdout: "", error: { name: "KernelExit", message: "Python 内核已退出（退出码 4）" } });
+      assert.equal(await deadSoon(heldByExit), true);
 
-    // 内核在一格中途退出：KernelExit，消息说出信号（或退出码，以及 stderr 的最后一行）；没有 stderr 时消息到信号为止。
-    const doomedPid = kernel.pid!;
-    const dying = kernel.execute("import time\ntime.sleep(30)");
-    process.kill(doomedPid, "SIGKILL");
-    const died = await dying;
-    assert.deepEqual({ ok: died.ok, stdout: died.stdout, name: died.error?.name }, { ok: false, stdout: "", name: "KernelExit" });
-    assert.match(died.error?.message ?? "", /SIGKILL\W*$/);
-    assert.equal(kernel.pid, undefined, "退出了的内核没有 pid");
+      // 跑到一半被取消：AbortError，之前直接写进管道的行还在 stdout 里；进程被杀掉、不重启，下一格从新内核开始。
+      await okValue(kernel, "kept = 1");
+      const runningPid = kernel.pid!;
+      const cancelled = await abortMidCell(kernel, "import os, time\nos.write(1, b'before the wait\\n')\ngate.started()\ntime.sleep(30)", gate.next());
+      assert.equal(cancelled.stdout, "before the wait\n");
+      assert.equal(kernel.pid, undefined, "取消之后不重启内核");
+      assert.deepEqual(await kernel.describe(), { alive: false, variables: [] });
+      assert.throws(() => process.kill(runningPid, 0), { code: "ESRCH" }, "取消之后旧进程应当已经退出");
+      // 开始前就取消了的 signal：这一格不运行。
+      const early = await kernel.execute("ran = True", { signal: AbortSignal.abort() });
+      assert.deepEqual({ ok: early.ok, stdout: early.stdout, name: early.error?.name }, { ok: false, stdout: "", name: "AbortError" });
+      assert.equal(await okValue(kernel, "'ran' in globals()"), false);
+
+      // 内核在一格中途退出：KernelExit，消息说出信号（或退出码，以及 stderr 的最后一行）；没有 stderr 时消息到信号为止。
+      const doomedPid = kernel.pid!;
+      const dying = kernel.execute("import time\ntime.sleep(30)");
+      process.kill(doomedPid, "SIGKILL");
+      const died = await dying;
+      assert.deepEqual(died, { ok: false, stdout: "", error: { name: "KernelExit", message: "Python 内核已退出（信号 SIGKILL）" } });
+      assert.equal(kernel.pid, undefined, "退出了的内核没有 pid");
+    });
   } finally {
     await Promise.allSettled([peerCheck]);
     fs.rmSync(programs, { recursive: true, force: true });
-    await kernel.reset();
   }
   await peerCheck;
 });

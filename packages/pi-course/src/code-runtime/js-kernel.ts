@@ -4,6 +4,11 @@
 // context 创建的那一刻记下全局属性名的基线（内建对象、console、能力命名空间）；describe() 在 context 里
 // 跑一段固定的只读探针，宿主再减去基线、去掉 "__" 开头的名字，剩下的就是单元格亲手创建的变量。
 //
+// context 有自己的微任务队列（microtaskMode: "afterEvaluate"）：单元格的 Promise 回调只在宿主调用
+// runInContext 的时候运行，因此总在 vm 的 timeout 之内。`await null; for (;;) {}` 这样的一格会被掐断，
+// 而不是冻住宿主。代价是宿主得自己“推一下”这个队列：能力交回的 Promise 先换成 context 自己的 Promise，
+// 它有了结果之后，宿主在 context 里跑一段空脚本（pump），让排在后面的回调接着运行，期限照旧是这一格剩下的时间。
+//
 // 先说清楚：node:vm 不是安全边界。单元格和宿主共用一个进程、一个堆，宿主函数（比如注入的能力）
 // 顺着原型链就能摸到宿主的 Function，再拿到 process。它隔离的是“命名空间”，不是“权限”。
 // 需要隔离不可信代码时，用第 16 章那种独立的 QuickJS worker：独立的堆、内存上限、能被掐断的执行。
@@ -74,7 +79,18 @@ interface Kernel {
   baseline: Set<string>;
   output: string[];
   cells: number;
+  /** 当前这一格的期限（Date.now() 的毫秒数）；两格之间是 undefined。 */
+  deadline: number | undefined;
+  /** 推进 context 的微任务队列时超时或出错：交给当前这一格收尾。 */
+  stall: ((error: unknown) => void) | undefined;
+  /** 在 context 里跑一次空脚本，让排队的 Promise 回调在期限之内运行。 */
+  pump(): void;
+  /** context 创建时的 Promise.prototype.then：单元格后来换掉它，宿主也不受影响。 */
+  then: (this: Promise<unknown>, onValue: (value: unknown) => void, onError: (error: unknown) => void) => unknown;
 }
+
+/** 空脚本：运行它的唯一作用是让 context 的微任务队列在 timeout 之内跑完。 */
+const PUMP = new vm.Script("");
 
 /** vm 的同步超时错误带着这个 code。 */
 const VM_TIMEOUT = "ERR_SCRIPT_EXECUTION_TIMEOUT";
@@ -117,18 +133,55 @@ class JavaScriptKernel implements CodeRuntime {
     const write = (...args: unknown[]): void => {
       output.push(`${format(...args)}\n`);
     };
+    // 能力交回的 Promise 换成 context 自己的 Promise；它有了结果之后推一下队列，await 它的那段单元格代码才会接着跑。
+    let pump = (): void => {};
+    const pumpLater = (): void => {
+      setImmediate(() => pump());
+    };
+    let ContextPromise: PromiseConstructor | undefined;
     const sandbox: Record<string, unknown> = {
       console: Object.freeze({ log: write, info: write, warn: write, error: write, debug: write }),
     };
     for (const [namespace, functions] of Object.entries(this.capabilities)) {
       const bound: Record<string, unknown> = {};
-      for (const [name, fn] of Object.entries(functions)) bound[name] = (...args: unknown[]) => fn(...args);
+      for (const [name, fn] of Object.entries(functions)) {
+        bound[name] = (...args: unknown[]) => {
+          const result = fn(...args);
+          if (!isThenable(result) || !ContextPromise) return result;
+          return new ContextPromise((resolve, reject) => {
+            Promise.resolve(result).then(
+              (value) => {
+                resolve(value);
+                pumpLater();
+              },
+              (error: unknown) => {
+                reject(error);
+                pumpLater();
+              },
+            );
+          });
+        };
+      }
       sandbox[namespace] = Object.freeze(bound);
     }
-    const context = vm.createContext(sandbox, { name: "pi-course-js-kernel" });
+    const context = vm.createContext(sandbox, { name: "pi-course-js-kernel", microtaskMode: "afterEvaluate" });
     const names = new vm.Script(BASELINE_PROBE).runInContext(context, { timeout: this.timeoutMs }) as string;
-    this.kernel = { context, baseline: new Set(names.split("\n")), output, cells: 0 };
-    return this.kernel;
+    const intrinsics = new vm.Script("[Promise, Promise.prototype.then]").runInContext(context, { timeout: this.timeoutMs }) as [PromiseConstructor, Kernel["then"]];
+    ContextPromise = intrinsics[0];
+    const kernel: Kernel = { context, baseline: new Set(names.split("\n")), output, cells: 0, deadline: undefined, stall: undefined, pump: () => pump(), then: intrinsics[1] };
+    pump = () => {
+      if (this.kernel !== kernel) return; // 丢弃了的 context 不再运行任何代码
+      const budget = kernel.deadline === undefined ? this.timeoutMs : Math.max(1, kernel.deadline - Date.now());
+      try {
+        PUMP.runInContext(context, { timeout: budget });
+      } catch (error) {
+        // 两格之间还有回调在跑飞（上一格没等的 Promise）：这个 context 不再可信，丢掉，下一格从新的开始。
+        if (kernel.stall) kernel.stall(error);
+        else if (this.kernel === kernel) this.kernel = undefined;
+      }
+    };
+    this.kernel = kernel;
+    return kernel;
   }
 
   private async runCell(code: string, options: ExecuteOptions): Promise<RuntimeResult> {
@@ -151,7 +204,7 @@ class JavaScriptKernel implements CodeRuntime {
     const deadline = Date.now() + timeoutMs;
     let pending: Promise<unknown>;
     try {
-      // 同步部分（包括同步死循环）由 vm 的 timeout 掐断。
+      // 同步部分（包括同步死循环）和随后立刻能跑的微任务（await null 之后的死循环）都由 vm 的 timeout 掐断。
       pending = script.runInContext(kernel.context, { timeout: timeoutMs }) as Promise<unknown>;
     } catch (error) {
       if (isVmTimeout(error)) return this.abandon(kernel, stdout(), timeoutError(timeoutMs), true);
@@ -159,7 +212,11 @@ class JavaScriptKernel implements CodeRuntime {
     }
 
     // 异步部分由宿主的计时器与 signal 看守；到点时这一格被放弃，连同它的 context 一起。
-    const outcome = await settle(pending, Math.max(0, deadline - Date.now()), options.signal);
+    // 之后每次推进队列都在这一格剩下的时间里；推进时超时，结局同样是 TimeoutError。
+    kernel.deadline = deadline;
+    const outcome = await settle(pending, Math.max(0, deadline - Date.now()), options.signal, kernel);
+    kernel.deadline = undefined;
+    kernel.stall = undefined;
     switch (outcome.kind) {
       case "value": {
         const value = toPlainValue(outcome.value);
@@ -213,9 +270,12 @@ type Outcome =
   | { kind: "timeout" }
   | { kind: "aborted" };
 
-function settle(pending: Promise<unknown>, ms: number, signal: AbortSignal | undefined): Promise<Outcome> {
+function settle(pending: Promise<unknown>, ms: number, signal: AbortSignal | undefined, kernel: Kernel): Promise<Outcome> {
   return new Promise((resolve) => {
+    let settled = false;
     const done = (outcome: Outcome): void => {
+      if (settled) return;
+      settled = true;
       clearTimeout(timer);
       signal?.removeEventListener("abort", onAbort);
       resolve(outcome);
@@ -223,11 +283,18 @@ function settle(pending: Promise<unknown>, ms: number, signal: AbortSignal | und
     const onAbort = (): void => done({ kind: "aborted" });
     const timer = setTimeout(() => done({ kind: "timeout" }), ms);
     signal?.addEventListener("abort", onAbort, { once: true });
-    Promise.resolve(pending).then(
-      (value) => done({ kind: "value", value }),
+    kernel.stall = (error) => done(isVmTimeout(error) ? { kind: "timeout" } : { kind: "error", error });
+    // pending 属于 context：挂上的回调排在 context 自己的队列里，推一下才会运行。
+    Reflect.apply(kernel.then, pending, [
+      (value: unknown) => done({ kind: "value", value }),
       (error: unknown) => done({ kind: "error", error }),
-    );
+    ]);
+    setImmediate(() => kernel.pump());
   });
+}
+
+function isThenable(value: unknown): value is PromiseLike<unknown> {
+  return (typeof value === "object" || typeof value === "function") && value !== null && typeof (value as { then?: unknown }).then === "function";
 }
 
 function isVmTimeout(error: unknown): boolean {

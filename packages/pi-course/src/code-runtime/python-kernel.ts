@@ -7,8 +7,16 @@
 // 两个动作共用一条私有的发送路径 send()：同一时刻只有一个请求在途，其余排队；每个请求一个计时器，
 // 超时就杀掉内核再重启一个；读到的每一行都先把 \r\n 归一成 \n。所以状态检查自动继承单元格的全部语义。
 // describe() 还多一条规矩：没有活着的内核时直接回空状态，绝不为了“看一眼”去启动 Python。
+//
+// 三条加固：
+// - 每个请求带一个新的随机暗号（结束标记行与控制行的末尾），内核的结果行与能力行必须带着同一个暗号，
+//   否则只是普通输出：单元格自己打印一行 __HARNESS_RESULT__、上一格留下的线程乱写，都冒充不了结果。
+// - 内核在自己的进程组里运行（detached）；超时、取消、reset 与内核退出时杀掉整个组。宿主等的是进程的
+//   exit，而不是管道的 close：内核启动的孙进程拿着 stdout 不放，也拖不住宿主。
+// - 一行最多 LINE_LIMIT 个字符，绕过 print 的输出每个请求最多 OUTPUT_LIMIT 个字符；超出的部分丢掉并写明上限。
 
 import { spawn, type ChildProcessWithoutNullStreams } from "node:child_process";
+import { randomBytes } from "node:crypto";
 import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -35,6 +43,13 @@ export const HARNESS_READY_LINE = "__HARNESS_READY__";
 /** 单元格调用宿主能力时内核打印的前缀，以及宿主答复的前缀。 */
 export const HARNESS_CAP_PREFIX = "__HARNESS_CAP__";
 export const HARNESS_CAP_REPLY_PREFIX = "__HARNESS_CAP_REPLY__";
+
+/** 宿主读内核 stdout 时一行的上限（字符）：更长的行只留开头、不当作协议行；内核的结果行与能力行绝不会这么长。 */
+export const LINE_LIMIT = 8 * 1024 * 1024;
+/** 一个请求里绕过 print 直接写进管道的输出最多保留这么多个字符（kernel.py 对 print 的输出用同一个上限）。 */
+export const OUTPUT_LIMIT = 1_000_000;
+/** 内核退出之后，最多再等这么久让管道关闭（拿着管道的孙进程已经连同进程组一起被杀掉）。 */
+const PIPE_GRACE_MS = 200;
 
 export interface PythonKernelOptions {
   /** Python 解释器；省略时用 findPython()：PI_COURSE_PYTHON，然后 python3，然后 python。 */
@@ -123,9 +138,17 @@ type Reply =
   | { kind: "timeout" | "aborted" | "exit"; stray: string; message: string };
 
 interface InFlight {
+  /** 这个请求的暗号：只有带着它的结果行与能力行才算数。 */
+  nonce: string;
   onResult(payload: WireResult): void;
   onExit(message: string): void;
   stray: string[];
+  strayChars: number;
+}
+
+/** 每个请求一个新暗号：32 个十六进制字符。 */
+function newNonce(): string {
+  return randomBytes(16).toString("hex");
 }
 
 /** 一个活着的内核进程：逐行读 stdout，把协议行交给当前在途的请求。 */
@@ -134,16 +157,21 @@ class KernelProcess {
   readonly exited: Promise<void>;
   inFlight: InFlight | undefined;
   alive = true;
-  private buffered = "";
+  /** 还没遇到换行的那一段（最多 LINE_LIMIT 个字符）。 */
+  private partial: string[] = [];
+  private partialChars = 0;
+  private partialCut = false;
   private stderr = "";
   private readyWaiter: ((error?: Error) => void) | undefined;
 
-  constructor(command: string, program: string, options: { cwd?: string; capabilities: Capabilities }, private readonly onCapability: (kernel: KernelProcess, raw: string) => void) {
+  constructor(command: string, program: string, options: { cwd?: string; capabilities: Capabilities }, private readonly onCapability: (kernel: KernelProcess, nonce: string, raw: string) => void) {
     const spec = Object.fromEntries(Object.entries(options.capabilities).map(([ns, fns]) => [ns, Object.keys(fns)]));
     this.child = spawn(command, ["-u", program, JSON.stringify(spec)], {
       cwd: options.cwd,
       env: { ...process.env, PYTHONIOENCODING: "utf-8", PYTHONDONTWRITEBYTECODE: "1" },
       stdio: ["pipe", "pipe", "pipe"],
+      // 自己的进程组：杀的时候连同单元格启动的孙进程一起杀。
+      detached: true,
     });
     this.child.stdin.on("error", () => {}); // 内核已退出时写入失败：由 exit 处理
     this.child.stdout.setEncoding("utf8").on("data", (chunk: string) => this.read(chunk));
@@ -159,9 +187,19 @@ class KernelProcess {
         resolve();
       };
       this.child.on("error", (error) => finish(`无法启动 Python 内核（${command}）：${error.message}`));
-      this.child.on("close", (code, signal) => {
-        const detail = this.stderr.trim().split("\n").pop() ?? "";
-        finish(`Python 内核已退出（${signal ? `信号 ${signal}` : `退出码 ${code}`}）${detail ? `：${detail}` : ""}`);
+      this.child.on("exit", (code, signal) => {
+        // 内核已经退出：它留下的孙进程一个不留。管道通常随之关闭（stderr 的最后一行也就读完了）；
+        // 逃出进程组的孙进程拿着管道不放时，最多再等 PIPE_GRACE_MS，然后不再等它。
+        this.killGroup();
+        const report = (): void => {
+          clearTimeout(grace);
+          const detail = this.stderr.trim().split("\n").pop() ?? "";
+          finish(`Python 内核已退出（${signal ? `信号 ${signal}` : `退出码 ${code}`}）${detail ? `：${detail}` : ""}`);
+          this.child.stdout.destroy();
+          this.child.stderr.destroy();
+        };
+        const grace = setTimeout(report, PIPE_GRACE_MS);
+        this.child.once("close", report);
       });
     });
   }
@@ -188,41 +226,100 @@ class KernelProcess {
   }
 
   kill(): void {
-    if (this.alive) this.child.kill("SIGKILL");
+    if (this.alive) this.killGroup();
   }
 
+  /** 向整个进程组发 SIGKILL；组已经没有成员时什么也不做。 */
+  private killGroup(): void {
+    const pid = this.child.pid;
+    if (pid === undefined) return;
+    try {
+      process.kill(-pid, "SIGKILL");
+    } catch {
+      // ESRCH：组里已经没有进程
+    }
+  }
+
+  /** 只在新到的这一块里找换行：一行再长，每个字符也只看一次。 */
   private read(chunk: string): void {
-    this.buffered += chunk;
-    let end = this.buffered.indexOf("\n");
+    let from = 0;
+    let end = chunk.indexOf("\n");
     while (end >= 0) {
-      const line = this.buffered.slice(0, end).replace(/\r$/, "");
-      this.buffered = this.buffered.slice(end + 1);
-      this.line(line);
-      end = this.buffered.indexOf("\n");
+      this.keep(chunk.slice(from, end));
+      const cut = this.partialCut;
+      const line = this.partial.join("").replace(/\r$/, "");
+      this.partial = [];
+      this.partialChars = 0;
+      this.partialCut = false;
+      this.line(line, cut);
+      from = end + 1;
+      end = chunk.indexOf("\n", from);
+    }
+    this.keep(chunk.slice(from));
+  }
+
+  /** 把一段接到当前行上；超过 LINE_LIMIT 的部分丢掉，只记下“这一行被截断了”。 */
+  private keep(piece: string): void {
+    if (piece === "") return;
+    const room = LINE_LIMIT - this.partialChars;
+    if (piece.length > room) {
+      this.partialCut = true;
+      piece = piece.slice(0, Math.max(0, room));
+    }
+    if (piece !== "") {
+      this.partial.push(piece);
+      this.partialChars += piece.length;
     }
   }
 
-  private line(line: string): void {
-    if (line === HARNESS_READY_LINE && this.readyWaiter) {
-      this.readyWaiter();
-      return;
-    }
-    if (line.startsWith(HARNESS_RESULT_PREFIX) && this.inFlight) {
-      let payload: WireResult;
-      try {
-        payload = JSON.parse(line.slice(HARNESS_RESULT_PREFIX.length)) as WireResult;
-      } catch {
-        payload = { ok: false, error: { name: "ProtocolError", message: "内核发回的结果行不是合法的 JSON" } };
+  private line(line: string, cut: boolean): void {
+    const inFlight = this.inFlight;
+    if (!cut) {
+      if (line === HARNESS_READY_LINE && this.readyWaiter) {
+        this.readyWaiter();
+        return;
       }
-      this.inFlight.onResult(payload);
+      if (inFlight && line.startsWith(`${HARNESS_RESULT_PREFIX}${inFlight.nonce} `)) {
+        this.dropSeparator(inFlight);
+        let payload: WireResult;
+        try {
+          payload = JSON.parse(line.slice(HARNESS_RESULT_PREFIX.length + inFlight.nonce.length + 1)) as WireResult;
+        } catch {
+          payload = { ok: false, error: { name: "ProtocolError", message: "内核发回的结果行不是合法的 JSON" } };
+        }
+        inFlight.onResult(payload);
+        return;
+      }
+      if (inFlight && line.startsWith(`${HARNESS_CAP_PREFIX}${inFlight.nonce} `)) {
+        this.dropSeparator(inFlight);
+        this.onCapability(this, inFlight.nonce, line.slice(HARNESS_CAP_PREFIX.length + inFlight.nonce.length + 1));
+        return;
+      }
+    }
+    // 其余的行（绕过 print 直接写进管道的文本、暗号不对的“协议行”）：算作当前请求的输出；没有在途请求时丢掉。
+    if (!inFlight) return;
+    // 被截断的行一定超过了 OUTPUT_LIMIT，stray() 会写明上限。
+    this.stray(inFlight, line);
+  }
+
+  /** 内核在每一行结果与能力请求之前先换一次行：那一下换行产生的空行不是单元格的输出。 */
+  private dropSeparator(inFlight: InFlight): void {
+    if (inFlight.stray.at(-1) === "" && inFlight.strayChars <= OUTPUT_LIMIT) {
+      inFlight.stray.pop();
+      inFlight.strayChars -= 1;
+    }
+  }
+
+  private stray(inFlight: InFlight, line: string): void {
+    if (inFlight.strayChars > OUTPUT_LIMIT) return;
+    const room = OUTPUT_LIMIT - inFlight.strayChars;
+    if (line.length + 1 > room) {
+      inFlight.stray.push(line.slice(0, Math.max(0, room)), `…（绕过 print 的输出超过 ${OUTPUT_LIMIT} 个字符，其余已丢弃）`);
+      inFlight.strayChars = OUTPUT_LIMIT + 1;
       return;
     }
-    if (line.startsWith(HARNESS_CAP_PREFIX)) {
-      this.onCapability(this, line.slice(HARNESS_CAP_PREFIX.length));
-      return;
-    }
-    // 绕过 print 直接写到管道里的文本（例如 os.write(1, …)）：算作当前请求的输出。
-    this.inFlight?.stray.push(line);
+    inFlight.stray.push(line);
+    inFlight.strayChars += line.length + 1;
   }
 }
 
@@ -243,11 +340,11 @@ class PythonKernelImpl implements PythonKernel {
 
   async execute(code: string, options: ExecuteOptions = {}): Promise<RuntimeResult> {
     const lines = code.replace(/\r\n?/g, "\n").split("\n");
-    if (lines.includes(HARNESS_CELL_END) || lines[0] === HARNESS_STATE_LINE) {
-      return { ok: false, stdout: "", error: { name: "ProtocolError", message: "单元格里不能出现协议标记行" } };
+    if (lines.some((line) => line.startsWith(HARNESS_CELL_END)) || lines[0]!.startsWith(HARNESS_STATE_LINE)) {
+      return { ok: false, stdout: "", error: { name: "ProtocolError", message: `单元格里不能出现协议标记行：以 ${HARNESS_CELL_END} 开头的行，或者以 ${HARNESS_STATE_LINE} 开头的第一行` } };
     }
     const timeoutMs = options.timeoutMs ?? this.timeoutMs;
-    const reply = await this.send(`${lines.join("\n")}\n${HARNESS_CELL_END}\n`, { start: true, timeoutMs, signal: options.signal });
+    const reply = await this.send((nonce) => `${lines.join("\n")}\n${HARNESS_CELL_END} ${nonce}\n`, { start: true, timeoutMs, signal: options.signal });
     if (reply === undefined) throw new Error("内核没有启动");
     if (reply.kind !== "result") {
       const name = reply.kind === "timeout" ? "TimeoutError" : reply.kind === "aborted" ? "AbortError" : "KernelExit";
@@ -260,7 +357,7 @@ class PythonKernelImpl implements PythonKernel {
   }
 
   async describe(): Promise<RuntimeState> {
-    const reply = await this.send(`${HARNESS_STATE_LINE}\n`, { start: false, timeoutMs: this.timeoutMs });
+    const reply = await this.send((nonce) => `${HARNESS_STATE_LINE} ${nonce}\n`, { start: false, timeoutMs: this.timeoutMs });
     // 没有内核、内核在观察途中退出：都如实回答“没有活着的状态”。
     if (reply === undefined || reply.kind !== "result") return emptyRuntimeState();
     const value = reply.payload.value as RuntimeState | undefined;
@@ -281,7 +378,7 @@ class PythonKernelImpl implements PythonKernel {
    * execute 与 describe 共用的发送路径。排队：前一个请求结束后才轮到下一个。
    * `start` 为 false 时（describe）没有活着的内核就直接返回 undefined，不启动进程。
    */
-  private send(text: string, options: { start: boolean; timeoutMs: number; signal?: AbortSignal }): Promise<Reply | undefined> {
+  private send(text: (nonce: string) => string, options: { start: boolean; timeoutMs: number; signal?: AbortSignal }): Promise<Reply | undefined> {
     const task = async (): Promise<Reply | undefined> => {
       if (!this.process?.alive) {
         this.process = undefined;
@@ -307,10 +404,12 @@ class PythonKernelImpl implements PythonKernel {
     return run;
   }
 
-  private roundTrip(kernel: KernelProcess, text: string, timeoutMs: number, signal: AbortSignal | undefined): Promise<Reply> {
+  private roundTrip(kernel: KernelProcess, text: (nonce: string) => string, timeoutMs: number, signal: AbortSignal | undefined): Promise<Reply> {
     return new Promise((resolve) => {
       const inFlight: InFlight = {
+        nonce: newNonce(),
         stray: [],
+        strayChars: 0,
         onResult: (payload) => finish({ kind: "result", payload, stray: strayText() }),
         onExit: (message) => finish({ kind: "exit", message, stray: strayText() }),
       };
@@ -335,22 +434,22 @@ class PythonKernelImpl implements PythonKernel {
         inFlight.onExit("Python 内核已退出");
         return;
       }
-      kernel.write(text);
+      kernel.write(text(inFlight.nonce));
     });
   }
 
   private async spawn(timeoutMs: number): Promise<KernelProcess> {
     const command = this.options.command ?? findPython();
     const program = this.options.program ?? kernelProgramPath();
-    const kernel = new KernelProcess(command, program, { cwd: this.options.cwd, capabilities: this.capabilities }, (caller, raw) => {
-      void this.answerCapability(caller, raw);
+    const kernel = new KernelProcess(command, program, { cwd: this.options.cwd, capabilities: this.capabilities }, (caller, nonce, raw) => {
+      void this.answerCapability(caller, nonce, raw);
     });
     await kernel.ready(timeoutMs);
     return kernel;
   }
 
   /** 单元格调用了 fs.read(...) 之类的能力：在宿主这边执行，把答复写回同一个内核。 */
-  private async answerCapability(kernel: KernelProcess, raw: string): Promise<void> {
+  private async answerCapability(kernel: KernelProcess, nonce: string, raw: string): Promise<void> {
     let reply: { ok: boolean; value?: unknown; error?: string };
     try {
       const request = JSON.parse(raw) as { ns: string; fn: string; args: unknown[] };
@@ -362,7 +461,8 @@ class PythonKernelImpl implements PythonKernel {
     } catch (error) {
       reply = { ok: false, error: error instanceof Error ? error.message : String(error) };
     }
-    if (kernel.alive) kernel.write(`${HARNESS_CAP_REPLY_PREFIX}${JSON.stringify(reply)}\n`);
+    // 答复只写给还在等它的那个请求：请求已经结束（超时、取消）时，答复不能落进下一格的代码里。
+    if (kernel.alive && kernel.inFlight?.nonce === nonce) kernel.write(`${HARNESS_CAP_REPLY_PREFIX}${JSON.stringify(reply)}\n`);
   }
 }
 
