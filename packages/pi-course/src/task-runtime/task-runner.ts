@@ -92,7 +92,7 @@ export type TaskRuntimeEvent =
  * - prepareRequest：每次模型请求之前改写请求（预算模式、输出余量）；
  * - onModelFailure：模型失败时决定重试（次数与 notBefore 写进快照，恢复后照样有效）；
  * - gateTool：工具执行之前放行或拒绝（拒绝 = 一条普通的配对错误结果，工具不执行）；
- * - onEvent：审计与观测；在提交兑现之后同步调用，抛错不影响运行。
+ * - onEvent：审计与观测；在提交兑现之后同步调用，抛错不影响运行；返回 Promise 时，提交等它兑现才算确认。
  * 传一个数组时按顺序组合：请求依次改写，第一个拒绝的闸门说了算，第一个给出决定的失败钩子说了算。
  */
 export interface TaskHooks {
@@ -108,6 +108,10 @@ export interface TaskHooks {
     call: ToolCall,
     snapshot: TaskSnapshot,
   ): ToolResultDecision | undefined | Promise<ToolResultDecision | undefined>;
+  /**
+   * 同步调用，返回值通常不用。返回一个 Promise 的观察者（落盘的审计日志）：提交要等它兑现才算确认，
+   * 它失败，这次提交也失败（类型写成 void，是为了让只想看一眼的观察者随便返回什么都行）。
+   */
   onEvent?(event: TaskRuntimeEvent): void;
 }
 
@@ -124,7 +128,10 @@ export interface TaskRuntimeOptions {
   /** 每次请求放在最前面的 system 提示（不进快照）。 */
   systemPrompt?: string;
   hooks?: TaskHooks | readonly TaskHooks[];
-  /** 单个工具调用最多等多久（毫秒）；到点取消它的 signal，结果是一条超时的失败。省略表示不限。 */
+  /**
+   * 单个工具调用最多等多久（毫秒）；到点取消它的 signal，结果是一条超时的失败。
+   * 省略时是 DEFAULT_TOOL_TIMEOUT_MS（30 秒）；Infinity 表示不限。不是正数时构造函数抛 RangeError。
+   */
   toolTimeoutMs?: number;
 }
 
@@ -202,10 +209,22 @@ function pendingCalls(messages: readonly AgentMessage[]): ToolCall[] {
 // 带期限的工具调用（第 22 章的 toolTimeoutMs；第 23 章的 DAG 与规划-执行也用）
 // ---------------------------------------------------------------------------
 
+/** 工具调用的默认期限：30 秒，一个常见的生产默认值。TaskRuntime 与 executeWithin 省略期限时都用它。 */
+export const DEFAULT_TOOL_TIMEOUT_MS = 30_000;
+
+/** 期限必须是正数（Infinity 表示不限）；setTimeout 装不下的有限值也不行。 */
+export function checkToolTimeout(limitMs: number): number {
+  if (limitMs === Number.POSITIVE_INFINITY) return limitMs;
+  if (typeof limitMs !== "number" || !Number.isFinite(limitMs) || limitMs <= 0 || limitMs > 2_147_483_647) {
+    throw new RangeError(`toolTimeoutMs 必须是不超过 2147483647 的正数，或 Infinity（不限）：${String(limitMs)}`);
+  }
+  return limitMs;
+}
+
 /**
- * 执行一个调用；给了 limitMs 时，到点取消这次调用自己的 signal（context.signal 的取消照样转达进来），
- * 换回一条超时的失败结果。TaskRuntime 的 toolTimeoutMs 用它；第 23 章的 DAG 与规划-执行以 script 身份
- * 发起的调用也经过它，所以两边的超时是同一种失败、同一句话。
+ * 执行一个调用；到了期限（省略时 DEFAULT_TOOL_TIMEOUT_MS，Infinity 不限）就取消这次调用自己的 signal
+ * （context.signal 的取消照样转达进来），换回一条超时的失败结果。TaskRuntime 的 toolTimeoutMs 用它；第 23 章的 DAG
+ * 与规划-执行以 script 身份发起的调用也经过它，所以两边的超时是同一种失败、同一句话、同一个默认值。
  */
 export async function executeWithin(
   call: ToolCall,
@@ -214,7 +233,8 @@ export async function executeWithin(
   limitMs: number | undefined,
   scope?: ToolCallScope,
 ): Promise<ToolResultMessage> {
-  if (limitMs === undefined) return executeToolCall(call, tools, context, scope);
+  const limit = checkToolTimeout(limitMs ?? DEFAULT_TOOL_TIMEOUT_MS);
+  if (limit === Number.POSITIVE_INFINITY) return executeToolCall(call, tools, context, scope);
   const controller = new AbortController();
   const outer = context.signal;
   const relay = (): void => controller.abort(outer?.reason);
@@ -222,14 +242,14 @@ export async function executeWithin(
   else outer?.addEventListener("abort", relay, { once: true });
   let timer: ReturnType<typeof setTimeout> | undefined;
   const expired = new Promise<"timeout">((resolve) => {
-    timer = setTimeout(() => resolve("timeout"), limitMs);
+    timer = setTimeout(() => resolve("timeout"), limit);
   });
   try {
     const running = executeToolCall(call, tools, { ...context, signal: controller.signal }, scope);
     const first = await Promise.race([running, expired]);
     if (first !== "timeout") return first;
     controller.abort(new Error("tool timeout"));
-    return failedResult(call, new Error(`执行超过 ${limitMs} 毫秒，已经取消`));
+    return failedResult(call, new Error(`执行超过 ${limit} 毫秒，已经取消`));
   } finally {
     clearTimeout(timer);
     outer?.removeEventListener("abort", relay);
@@ -258,7 +278,10 @@ export class TaskRecorder {
     this.hooks = Array.isArray(hooks) ? [...hooks] : [hooks as TaskHooks];
   }
 
-  /** 提交一个批次；存储确认之后报告给每个钩子。返回的就是提交的快照。 */
+  /**
+   * 提交一个批次；存储确认之后报告给每个钩子，并等它们返回的 Promise（例如落盘的审计日志写完）兑现才返回——
+   * 调用方拿到结果时，存储与这些观察者都已经记下了它。返回的就是提交的快照。
+   */
   async commit(reason: CommitReason, snapshot: TaskSnapshot, events: TaskEvent[], step?: TaskStep): Promise<TaskSnapshot> {
     const seq = await this.store.commit({ snapshot, events });
     const record: TaskRuntimeEvent = {
@@ -272,19 +295,27 @@ export class TaskRecorder {
       events: structuredClone(events),
     };
     if (step !== undefined) record.step = structuredClone(step);
-    this.emit(record);
+    await this.#deliver(record);
     return snapshot;
   }
 
-  /** 把一个事件依次交给每个钩子的 onEvent。 */
+  /** 把一个事件依次交给每个钩子的 onEvent，不等它们返回的 Promise（它们失败也只属于观察者）。 */
   emit(event: TaskRuntimeEvent): void {
+    this.#deliver(event).catch(() => undefined);
+  }
+
+  /** 依次同步调用每个 onEvent；同步抛错属于观察者自己。返回的 Promise 等所有观察者返回的 Promise，其中一个失败它就失败。 */
+  #deliver(event: TaskRuntimeEvent): Promise<void> {
+    const pending: Promise<void>[] = [];
     for (const hook of this.hooks) {
       try {
-        hook.onEvent?.(event);
+        const written: unknown = hook.onEvent?.(event);
+        if (written instanceof Promise) pending.push(written as Promise<void>);
       } catch {
         // 观察者的错误属于观察者自己；运行不受影响。
       }
     }
+    return Promise.all(pending).then(() => undefined);
   }
 
   /** 任务在存储里最新的快照；没有这个任务时抛错。 */
@@ -312,7 +343,7 @@ export class TaskRuntime {
   readonly #hooks: readonly TaskHooks[];
   /** 每次提交都经过它：落盘之后才报告给钩子。 */
   readonly #recorder: TaskRecorder;
-  readonly #toolTimeoutMs: number | undefined;
+  readonly #toolTimeoutMs: number;
   /** 正在 run 的任务：同一个任务同一时刻只能有一个 run。 */
   readonly #active = new Set<string>();
   /** 等待运行的任务 id（submit 与 recover 放进来，drain 按顺序取走）。 */
@@ -328,7 +359,7 @@ export class TaskRuntime {
     this.#systemPrompt = options.systemPrompt;
     this.#recorder = new TaskRecorder(options.store, options.hooks);
     this.#hooks = this.#recorder.hooks;
-    this.#toolTimeoutMs = options.toolTimeoutMs;
+    this.#toolTimeoutMs = checkToolTimeout(options.toolTimeoutMs ?? DEFAULT_TOOL_TIMEOUT_MS);
   }
 
   get store(): TaskStore {
