@@ -253,39 +253,31 @@ export interface AuditSink {
 }
 
 /**
- * 挂进 TaskRuntime 的审计钩子（onEvent）：每次迁移、每次模型请求与回复、每次工具调用、每次恢复各写一行。
+ * 挂进 TaskRuntime 的审计钩子：每次迁移、每次模型请求与回复、每次工具调用、每次恢复各写一行。
  * attempt 是同一次请求的第几次尝试（0 = 第一次）：重试的回复（reason "retry"）之后加一，正常的回复之后归零。
- * 记录在调用 onEvent 时同步排进日志的队列（顺序就是事件的顺序）；onEvent 返回的 Promise 在这些行写完（sync）时兑现，
- * 运行时等它兑现才确认这次提交——写失败时这次提交失败，不会悄悄少一行。
+ * 提交的记录（回复、工具调用、迁移）在 beforeCommit 里写：运行时等这些行写完并 sync，才把这一批写进存储——
+ * 存储里有的，日志里一定有；日志写不进去，这次提交就不发生。进程死在两者之间时，日志会多出这一批的记录，而存储没有它。
+ * 模型请求与恢复不是提交：onEvent 只把它们排进同一个队列（顺序不变），下一次提交等队列时一起落盘。
  */
 export function createAuditHooks(log: AuditSink): TaskHooks {
   // 每个任务自己的尝试计数：按任务 id 分开，实例之间互不相干。
   const attempts = new Map<string, number>();
   return {
-    onEvent(event) {
+    beforeCommit(intent) {
       const written: Promise<void>[] = [];
       const write = (record: AuditInput): void => {
         written.push(log.append(record));
       };
-      const done = (): Promise<void> => Promise.all(written).then(() => undefined);
-      if (event.kind === "recovered") {
-        write({ kind: "recovered", taskId: event.taskId, at: event.at, state: event.state, version: event.version });
-        return done();
-      }
-      const attempt = attempts.get(event.taskId) ?? 0;
-      if (event.kind === "model_request") {
-        write({ kind: "model_request", taskId: event.taskId, at: event.at, step: event.step, attempt, messages: event.messages, tools: event.tools });
-        return done();
-      }
-      const step = event.step;
+      const attempt = attempts.get(intent.taskId) ?? 0;
+      const step = intent.step;
       if (step?.type === "model_call") {
-        const retry = event.reason === "retry";
-        write({ kind: "model_reply", taskId: event.taskId, at: step.at, step: step.stepId, attempt, stopReason: step.stopReason, tokens: step.tokens, retry });
-        attempts.set(event.taskId, retry ? attempt + 1 : 0);
+        const retry = intent.reason === "retry";
+        write({ kind: "model_reply", taskId: intent.taskId, at: step.at, step: step.stepId, attempt, stopReason: step.stopReason, tokens: step.tokens, retry });
+        attempts.set(intent.taskId, retry ? attempt + 1 : 0);
       } else if (step?.type === "tool_call") {
         write({
           kind: "tool_call",
-          taskId: event.taskId,
+          taskId: intent.taskId,
           at: step.at,
           step: step.stepId,
           tool: step.tool,
@@ -294,10 +286,20 @@ export function createAuditHooks(log: AuditSink): TaskHooks {
           isError: step.isError,
         });
       }
-      for (const moved of event.events) {
+      for (const moved of intent.events) {
         write({ kind: "transition", taskId: moved.taskId, at: moved.at, from: moved.from, to: moved.to, event: moved.event, payload: moved.payload });
       }
-      return done();
+      return Promise.all(written).then(() => undefined);
+    },
+    onEvent(event) {
+      if (event.kind === "recovered") {
+        log.append({ kind: "recovered", taskId: event.taskId, at: event.at, state: event.state, version: event.version }).catch(() => undefined);
+      } else if (event.kind === "model_request") {
+        const attempt = attempts.get(event.taskId) ?? 0;
+        log
+          .append({ kind: "model_request", taskId: event.taskId, at: event.at, step: event.step, attempt, messages: event.messages, tools: event.tools })
+          .catch(() => undefined);
+      }
     },
   };
 }

@@ -87,12 +87,15 @@ export type TaskRuntimeEvent =
   | { kind: "model_request"; taskId: string; step: number; at: number; messages: number; tools: string[] }
   | { kind: "recovered"; taskId: string; state: TaskSnapshot["state"]; version: number; at: number };
 
+/** 第 22 章：一次就要写进存储的提交（还没有序号）；beforeCommit 收到它。 */
+export type CommitIntent = Omit<Extract<TaskRuntimeEvent, { kind: "commit" }>, "seq">;
+
 /**
  * 后续章节挂进运行时的地方，核心循环不用改：
  * - prepareRequest：每次模型请求之前改写请求（预算模式、输出余量）；
  * - onModelFailure：模型失败时决定重试（次数与 notBefore 写进快照，恢复后照样有效）；
  * - gateTool：工具执行之前放行或拒绝（拒绝 = 一条普通的配对错误结果，工具不执行）；
- * - onEvent：审计与观测；在提交兑现之后同步调用，抛错不影响运行；返回 Promise 时，提交等它兑现才算确认。
+ * - onEvent：审计与观测；在提交兑现之后同步调用，抛错不影响运行。
  * 传一个数组时按顺序组合：请求依次改写，第一个拒绝的闸门说了算，第一个给出决定的失败钩子说了算。
  */
 export interface TaskHooks {
@@ -109,9 +112,10 @@ export interface TaskHooks {
     snapshot: TaskSnapshot,
   ): ToolResultDecision | undefined | Promise<ToolResultDecision | undefined>;
   /**
-   * 同步调用，返回值通常不用。返回一个 Promise 的观察者（落盘的审计日志）：提交要等它兑现才算确认，
-   * 它失败，这次提交也失败（类型写成 void，是为了让只想看一眼的观察者随便返回什么都行）。
+   * 第 22 章：每次提交之前（批次已经定下、还没写进存储）。运行时依次等每个钩子返回的 Promise，之后才写存储；
+   * 它失败，这次提交不发生。预写的审计日志用它：存储里有的提交，日志里一定已经有了。
    */
+  beforeCommit?(intent: CommitIntent): void | Promise<void>;
   onEvent?(event: TaskRuntimeEvent): void;
 }
 
@@ -279,43 +283,38 @@ export class TaskRecorder {
   }
 
   /**
-   * 提交一个批次；存储确认之后报告给每个钩子，并等它们返回的 Promise（例如落盘的审计日志写完）兑现才返回——
-   * 调用方拿到结果时，存储与这些观察者都已经记下了它。返回的就是提交的快照。
+   * 提交一个批次：先交给每个钩子的 beforeCommit 并依次等它们兑现（第 22 章：预写的审计日志），再等存储确认，
+   * 最后报告给每个钩子。返回的就是提交的快照。
    */
   async commit(reason: CommitReason, snapshot: TaskSnapshot, events: TaskEvent[], step?: TaskStep): Promise<TaskSnapshot> {
-    const seq = await this.store.commit({ snapshot, events });
-    const record: TaskRuntimeEvent = {
+    const intent: CommitIntent = {
       kind: "commit",
       reason,
       taskId: snapshot.taskId,
-      seq,
       version: snapshot.version,
       state: snapshot.state,
       at: snapshot.checkpointAt,
       events: structuredClone(events),
     };
-    if (step !== undefined) record.step = structuredClone(step);
-    await this.#deliver(record);
+    if (step !== undefined) intent.step = structuredClone(step);
+    // 第 22 章：beforeCommit 失败（例如审计日志写不进去），这次提交就不发生。
+    for (const hook of this.hooks) {
+      if (hook.beforeCommit !== undefined) await hook.beforeCommit(structuredClone(intent));
+    }
+    const seq = await this.store.commit({ snapshot, events });
+    this.emit({ ...intent, seq });
     return snapshot;
   }
 
-  /** 把一个事件依次交给每个钩子的 onEvent，不等它们返回的 Promise（它们失败也只属于观察者）。 */
+  /** 把一个事件依次交给每个钩子的 onEvent。 */
   emit(event: TaskRuntimeEvent): void {
-    this.#deliver(event).catch(() => undefined);
-  }
-
-  /** 依次同步调用每个 onEvent；同步抛错属于观察者自己。返回的 Promise 等所有观察者返回的 Promise，其中一个失败它就失败。 */
-  #deliver(event: TaskRuntimeEvent): Promise<void> {
-    const pending: Promise<void>[] = [];
     for (const hook of this.hooks) {
       try {
-        const written: unknown = hook.onEvent?.(event);
-        if (written instanceof Promise) pending.push(written as Promise<void>);
+        hook.onEvent?.(event);
       } catch {
         // 观察者的错误属于观察者自己；运行不受影响。
       }
     }
-    return Promise.all(pending).then(() => undefined);
   }
 
   /** 任务在存储里最新的快照；没有这个任务时抛错。 */
