@@ -1,6 +1,7 @@
 // 磁盘上的任务存储（脚手架）：一个只追加的文件，一行一个批次。
 //
 // 一行的格式：<sha256 十六进制> <JSON：{"seq":N,"snapshot":{…},"events":[…]}>\n，校验和覆盖空格之后的全部字节。
+// 只有最后一行没写完（没有换行）才是崩溃留下的残缺尾巴；以换行结尾的坏行都是损坏，拒绝打开。
 // 公共类型、两个错误类型和 JSON 边界的小函数已经给出；TaskStore 的每个方法都留给你（Lab 21.2）。
 // 你多半还要写几个私有的小函数：提交前的整批检查、编码一行、解码一行、打开时逐行读。
 
@@ -25,7 +26,7 @@ export interface StoredBatch extends TaskBatch {
 }
 
 export interface TornTail {
-  /** 残缺部分从第几行开始（从 1 数）。 */
+  /** 残缺部分在第几行（从 1 数）：总是最后一行。 */
   line: number;
   /** 残缺部分在文件里的字节偏移。 */
   offset: number;
@@ -33,6 +34,8 @@ export interface TornTail {
   bytes: number;
   /** 为什么这一行不算数。 */
   reason: string;
+  /** 截掉之前另存的那几个字节在哪个文件里；只读打开（不截）时是 null。 */
+  backup: string | null;
 }
 
 export interface RecoveryReport {
@@ -62,14 +65,18 @@ export class TaskStoreRejected extends Error {
   }
 }
 
-/** 文件中间有坏行（后面还有好行）：这不是崩溃留下的尾巴，存储拒绝打开。 */
+/** 某一行以换行结尾却不合格：这不是崩溃留下的尾巴，存储拒绝打开，文件不改。 */
 export class TaskStoreCorrupt extends Error {
+  readonly file: string;
   readonly line: number;
+  readonly reason: string;
 
   constructor(file: string, line: number, reason: string) {
-    super(`任务存储 ${file} 第 ${line} 行已损坏（${reason}），而它后面还有完好的记录：拒绝打开`);
+    super(`任务存储 ${file} 第 ${line} 行已损坏（${reason}）：拒绝打开，文件没有改动`);
     this.name = "TaskStoreCorrupt";
+    this.file = file;
     this.line = line;
+    this.reason = reason;
   }
 }
 
@@ -124,8 +131,8 @@ export function formatRecovery(report: RecoveryReport): string {
   const head = `任务存储 ${path.basename(report.file)}：${report.batches} 批完好，${report.tasks} 个任务，${report.unfinished} 个未结束`;
   if (report.tornTail === null) return head;
   const tail = report.tornTail;
-  const action = report.truncated ? "已截掉" : "只读打开，未截";
-  return `${head}；忽略第 ${tail.line} 行起（偏移 ${tail.offset}）${tail.bytes} 字节的残缺尾巴：${tail.reason}，${action}`;
+  const action = report.truncated ? `已另存为 ${path.basename(tail.backup ?? "")} 后截掉` : "只读打开，未截";
+  return `${head}；忽略第 ${tail.line} 行（偏移 ${tail.offset}）${tail.bytes} 字节的残缺尾巴：${tail.reason}，${action}`;
 }
 
 // <<< 已给出
@@ -139,8 +146,11 @@ export class TaskStore {
   readonly recovery: RecoveryReport = { file: "", batches: 0, tasks: 0, unfinished: 0, tornTail: null, truncated: false };
 
   /**
-   * 打开（不存在就创建）一个存储：逐行校验、重放；残缺的尾巴忽略、截掉并写进 recovery；
-   * 坏行后面还有完好的行时抛出 TaskStoreCorrupt。只读打开时不截、不写。新建文件时 sync 一次所在目录。
+   * 打开（不存在就创建）一个存储：逐行校验，每一行都按提交时的整批检查再查一遍（版本连续、事件链与迁移表一致），然后重放。
+   * 只有最后那段没有换行的字节是残缺的尾巴：先另存为 `<文件>.torn-<偏移>.bak`（名字被占用就 `-2`、`-3`……），
+   * sync 之后才截掉，并写进 recovery（tornTail.backup）。任何以换行结尾却不合格的行（CRLF、校验和不符、不合法的快照……）
+   * 都抛出 TaskStoreCorrupt（文件、行号、原因），文件不改，也不留下打开的句柄。只读打开时不备份、不截、不写。
+   * 新建文件时 sync 一次所在目录。
    */
   static async open(file: string, options: TaskStoreOptions = {}): Promise<TaskStore> {
     throw new Error("Lab 21.2 TaskStore.open 尚未实现");

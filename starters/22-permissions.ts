@@ -4,16 +4,20 @@
 // - read 默认放行；write 只有确认回调明确返回 true 才放行（没有回调、说不、抛错都算拒绝）；delete 永远不给模型，连问都不问。
 // - 拒绝由运行时变成一条普通的配对错误，正文是固定的 PERMISSION_DENIED：不说哪条规则、不带参数与业务数据；
 //   为什么拒绝只写进审计日志。
-// - 审计日志是一个 JSONL 文件：每次迁移、模型请求与回复、工具调用、权限判定各一行，seq 连续，按调用顺序落盘。
+// - 每一次工具调用，不管走哪条路（模型直接调用、第 23 章计划里的调用、codemode 脚本里的嵌套调用），都经过同一个判定、
+//   留下一条 permission 记录；只给脚本的 codemode / deferred 工具同样要判定；没经过闸门的 codemode 工具整个拒绝。
+// - 审计日志是一个 JSONL 文件：每次迁移、模型请求与回复、工具调用、权限判定各一行，seq 连续，按调用顺序落盘、每行 sync；
+//   提交的记录在存储写入之前落盘（beforeCommit）。
 // 类型、常量、Tool 上的 permission 字段、参数摘要与“读回日志”已经给出。
 
 import { createHash } from "node:crypto";
 import { open, readFile, type FileHandle } from "node:fs/promises";
 
-import type { Tool, ToolRegistry } from "../tool.js";
+import { CODEMODE_TOOL_NAME, createCodemodeTool, type CodemodeToolDetails, type CodemodeToolOptions } from "../codemode.js";
+import { executeToolCall, failedResult, type Tool, type ToolRegistry } from "../tool.js";
 import type { ToolCall } from "../types.js";
 import type { JsonValue } from "../session.js";
-import type { TaskHooks } from "../task-runtime/task-runner.js";
+import { DEFAULT_TOOL_TIMEOUT_MS, type TaskHooks, type TaskToolContext } from "../task-runtime/task-runner.js";
 
 export type ToolPermission = "read" | "write" | "delete";
 
@@ -28,8 +32,8 @@ declare module "../tool.js" {
 
 export const UNDECLARED_PERMISSION: ToolPermission = "write";
 
-/** 工具调用超时（种子文章的配置表：30 秒），交给 TaskRuntime 的 toolTimeoutMs。 */
-export const TOOL_TIMEOUT_MS = 30_000;
+/** 工具调用超时：30 秒，一个常见的生产默认值。它就是 TaskRuntime 的默认 toolTimeoutMs（定义在 task-runner.ts）。 */
+export const TOOL_TIMEOUT_MS = DEFAULT_TOOL_TIMEOUT_MS;
 
 /** 拒绝时模型读到的全部内容。 */
 export const PERMISSION_DENIED = "当前权限不足，这个操作没有执行。";
@@ -44,7 +48,15 @@ export interface PermissionPolicy {
   confirm?(request: ConfirmRequest): boolean | Promise<boolean>;
 }
 
-export type PermissionDecision = "read" | "confirmed" | "declined" | "no-confirm" | "confirm-failed" | "delete-forbidden";
+/** unguarded-nesting：一个 codemode 工具的嵌套调用不经过闸门，整个拒绝。 */
+export type PermissionDecision =
+  | "read"
+  | "confirmed"
+  | "declined"
+  | "no-confirm"
+  | "confirm-failed"
+  | "delete-forbidden"
+  | "unguarded-nesting";
 
 function labError(label: string): Error {
   return new Error(`${label} 尚未实现`);
@@ -68,15 +80,38 @@ export interface PermissionHookOptions {
   tools: ToolRegistry;
   policy: PermissionPolicy;
   audit?: AuditSink;
+  /** 嵌套调用的 permission 记录用的时钟；默认 Date.now。 */
+  clock?: () => number;
 }
 
 /**
- * gateTool：未知或模型调不到的工具直接放行（执行器会给出它自己的失败）；其余按级别判定，
- * 有 audit 就先写一条 permission 记录（at = snapshot.checkpointAt，step = snapshot.context.currentStep）；
+ * gateTool：谁都调不动的工具（未知，或模型与脚本都调不了）直接放行（执行器会给出它自己的失败）；
+ * 其余按级别判定——闸门不知道调用来自模型还是计划里的脚本。一个名叫 CODEMODE_TOOL_NAME、却不是
+ * createGuardedCodemodeTool 造出来的工具，判定是 unguarded-nesting（拒绝，不问）。
+ * 有 audit 就先写一条 permission 记录并等它写完（at = snapshot.checkpointAt，step = snapshot.context.currentStep）；
  * 拒绝时 { allow: false, message: PERMISSION_DENIED }。
  */
 export function createPermissionHooks(options: PermissionHookOptions): TaskHooks {
   throw labError("Lab 22.4 createPermissionHooks");
+}
+
+/**
+ * 一个 codemode 工具（createCodemodeTool 的名字、说明与 schema），它的 execute 每次用一个新的 executeToolCall
+ * 造一次 codemode：每个嵌套调用先按同样的规则判定、写 permission 记录（taskId 与 step 来自外层调用的上下文，
+ * at 来自 options.clock，callId 是嵌套调用自己的），拒绝时交回 failedResult(调用, PERMISSION_DENIED)，
+ * 放行时 executeToolCall(调用, 注册表, 上下文, "script")。给造出来的工具打一个不导出的标记，闸门凭它认出来。
+ */
+export function createGuardedCodemodeTool(
+  options: PermissionHookOptions,
+  codemode: Omit<CodemodeToolOptions, "executeToolCall"> = {},
+): Tool<{ code: string }, CodemodeToolDetails> {
+  void CODEMODE_TOOL_NAME;
+  void createCodemodeTool;
+  void executeToolCall;
+  void failedResult;
+  const unused: TaskToolContext | undefined = undefined;
+  void unused;
+  throw labError("Lab 22.4 createGuardedCodemodeTool");
 }
 
 // ---------------------------------------------------------------------------
@@ -138,10 +173,10 @@ export interface AuditSink {
 }
 
 /**
+ * beforeCommit（存储写入之前，运行时等它）：带 model_call 步 → 一条 model_reply（reason 为 "retry" 时 retry: true，
+ * attempt 加一，否则归零）；带 tool_call 步 → 一条 tool_call；然后每条事件 → 一条 transition；返回等这些行全部写完的 Promise。
  * onEvent：recovered → 一条 recovered；model_request → 一条 model_request（带这个任务当前的 attempt）；
- * commit 带 model_call 步 → 一条 model_reply（reason 为 "retry" 时 retry: true，attempt 加一，否则归零）；
- * commit 带 tool_call 步 → 一条 tool_call；然后 commit 里的每条事件 → 一条 transition。
- * onEvent 是同步的：只排队写入，不等待；写失败不能抛到运行时里。attempt 按任务 id 分开记。
+ * 这两种只排队写入、不等待，写失败不能抛到运行时里。attempt 按任务 id 分开记。
  */
 export function createAuditHooks(log: AuditSink): TaskHooks {
   throw labError("Lab 22.4 createAuditHooks");
@@ -149,7 +184,7 @@ export function createAuditHooks(log: AuditSink): TaskHooks {
 
 /**
  * 落盘的审计日志。open：读回已有的完整行（seq 接着编），截掉末尾没写完的半行，以追加方式打开；
- * append：排成一队，一次写一行 JSON（{ seq, ...record }），fsync 选项为真时写完 sync；
+ * append：排成一队，一次写一行 JSON（{ seq, ...record }），写完 sync（fsync 选项默认 true，只有显式 false 才不 sync）；
  * flush：等队列写完，其中任何一次失败过就抛出第一次的错误；close：flush 之后关闭文件。
  */
 export class AuditLog implements AuditSink {

@@ -19,7 +19,7 @@ import { assistantMessage, currentSystemMessage, text, textOf } from "../src/typ
 import type { AgentMessage, AssistantMessage, ToolCall, ToolResultMessage } from "../src/types.js";
 import { createTask } from "../src/task-runtime/task-state.js";
 import { TaskStore } from "../src/task-runtime/task-store.js";
-import { TaskRuntime, type TaskHooks, type TaskRuntimeEvent, type TaskToolContext } from "../src/task-runtime/task-runner.js";
+import { DEFAULT_TOOL_TIMEOUT_MS, TaskRuntime, type TaskHooks, type TaskRuntimeEvent, type TaskToolContext } from "../src/task-runtime/task-runner.js";
 import {
   DEFAULT_RETRY_POLICY,
   backoffDelay,
@@ -485,6 +485,51 @@ test("Lab 22.1 · 格式错误回填原样输出与错误，最多 2 次；参�
   const abortedStep = f7.context.steps.at(-1)!;
   assert.match(abortedStep.type === "model_call" ? (abortedStep.error ?? "") : "", /aborted/, "没有错误文字时，步骤写明以什么收尾");
   await store.close();
+
+  // 不给 toolTimeoutMs 时期限是 30 秒（DEFAULT_TOOL_TIMEOUT_MS）；Infinity 表示不限；不是正数在构造时就拒绝。
+  assert.equal(DEFAULT_TOOL_TIMEOUT_MS, 30_000);
+  const plainStore = await TaskStore.open(path.join(dir, "default-timeout.jsonl"), { fsync: false });
+  for (const bad of [0, -1, Number.NaN, 2 ** 31]) {
+    assert.throws(() => new TaskRuntime({ store: plainStore, model, toolTimeoutMs: bad }), RangeError, `toolTimeoutMs ${bad}`);
+  }
+  assert.doesNotThrow(() => new TaskRuntime({ store: plainStore, model, toolTimeoutMs: Number.POSITIVE_INFINITY }));
+  // 假的 setTimeout：拨到 29 999 毫秒工具还在跑，再拨 1 毫秒它的 signal 触发、结果是一条 30 000 毫秒的超时。
+  t.mock.timers.enable({ apis: ["setTimeout"] });
+  let started!: () => void;
+  const toolStarted = new Promise<void>((resolve) => (started = resolve));
+  let cancelled = false;
+  const stuck: Tool<{ q: string }> = {
+    name: "stuck",
+    description: "等到被取消",
+    schema: objectSchema({ q: stringValue }),
+    execute: (_parameters, context) =>
+      new Promise((resolve) => {
+        context.signal?.addEventListener("abort", () => {
+          cancelled = true;
+          resolve({ content: [text("被取消")], isError: true });
+        }, { once: true });
+        started();
+      }),
+  };
+  const plain = new TaskRuntime({
+    store: plainStore,
+    model: new ScriptedModel([toolTurn([call("s1", "stuck", { q: "x" })]), answer("超时了")]),
+    tools: [stuck],
+    clock: time.clock,
+  });
+  await plain.submit({ id: "d1", input: "等它" });
+  const running = plain.run("d1");
+  await toolStarted;
+  t.mock.timers.tick(29_999);
+  await new Promise((resolve) => setImmediate(resolve));
+  assert.equal(cancelled, false, "29 999 毫秒时还没到期限");
+  t.mock.timers.tick(1);
+  const finished = await running;
+  t.mock.timers.reset();
+  assert.equal(cancelled, true, "到期限时工具的 signal 触发");
+  const defaultTimeout = finished.context.messages.find((message): message is ToolResultMessage => message.role === "toolResult")!;
+  assert.match(textOf(defaultTimeout), /执行超过 30000 毫秒，已经取消/);
+  await plainStore.close();
 });
 
 // ---------------------------------------------------------------------------
