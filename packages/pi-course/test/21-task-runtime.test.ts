@@ -6,7 +6,7 @@
 // 进程死在那一刻与“那之后什么都不再发生”对存储来说是一回事。真的 SIGKILL 在 test/task-crash.test.ts 里。
 
 import assert from "node:assert/strict";
-import { readdirSync } from "node:fs";
+import { readdirSync, readlinkSync } from "node:fs";
 import { mkdtemp, open, readFile, rm, stat, writeFile, appendFile } from "node:fs/promises";
 import { createHash } from "node:crypto";
 import { getEventListeners } from "node:events";
@@ -427,7 +427,15 @@ test("Lab 21.2 · 残缺的尾巴：只有没写完的最后一行被忽略，�
     const content = await readFile(file, "utf8");
     const rows = lines(content).slice(0, 3);
     /** 写进这些字节之后，open（读写与只读都）抛出 TaskStoreCorrupt、指出这一行，文件一个字节都没变，也不留下打开的句柄。 */
-    const fds = (): number => readdirSync("/proc/self/fd").length;
+    /** 这个进程里指向存储文件的文件描述符个数（读 /proc/self/fd 的链接，别的文件不算）。 */
+    const fds = (): number =>
+      readdirSync("/proc/self/fd").filter((fd) => {
+        try {
+          return readlinkSync(`/proc/self/fd/${fd}`) === file;
+        } catch {
+          return false;
+        }
+      }).length;
     const corrupt = async (bytes: string, line: number, kind: string): Promise<string> => {
       await writeFile(file, bytes);
       const before = fds();
@@ -443,7 +451,8 @@ test("Lab 21.2 · 残缺的尾巴：只有没写完的最后一行被忽略，�
         });
       }
       assert.equal(await readFile(file, "utf8"), bytes, `${kind}：文件没有被截、也没有被改`);
-      assert.equal(fds(), before, `${kind}：拒绝打开时没有留下文件句柄`);
+      assert.equal(fds(), before, `${kind}：拒绝打开时没有留下指向存储文件的句柄`);
+      assert.equal(before, 0);
       assert.match(reason, /\S/);
       return reason;
     };
