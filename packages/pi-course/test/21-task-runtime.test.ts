@@ -6,6 +6,7 @@
 // 进程死在那一刻与“那之后什么都不再发生”对存储来说是一回事。真的 SIGKILL 在 test/task-crash.test.ts 里。
 
 import assert from "node:assert/strict";
+import { readdirSync, readlinkSync } from "node:fs";
 import { mkdtemp, open, readFile, rm, stat, writeFile, appendFile } from "node:fs/promises";
 import { createHash } from "node:crypto";
 import { getEventListeners } from "node:events";
@@ -40,7 +41,7 @@ import { TaskRecorder, TaskRuntime, idempotencyKey, type TaskRuntimeEvent, type 
 /** 只作挂起保护；断言从不依赖耗时。 */
 const HANG_GUARD = { timeout: 10_000 };
 
-/** 种子里的迁移表，逐条写出来对照。 */
+/** 讲义里的迁移表，逐条写出来对照。 */
 const SEED_TABLE: Record<TaskState, TaskState[]> = {
   pending: ["running", "cancelled"],
   running: ["waiting_tool", "completed", "failed", "paused"],
@@ -216,7 +217,7 @@ function snapshotOf(taskId: string, state: TaskState, version = 1): TaskSnapshot
 // Lab 21.1 · 迁移表与事件
 // ---------------------------------------------------------------------------
 
-test("Lab 21.1 · 迁移表就是种子里的七个状态和那几条边：终态没有出边，表是冻结的", () => {
+test("Lab 21.1 · 迁移表就是七个状态和那几条边：终态没有出边，表是冻结的", () => {
   for (const from of TASK_STATES) {
     for (const to of TASK_STATES) {
       assert.equal(canTransition(from, to), SEED_TABLE[from].includes(to), `${from} → ${to}`);
@@ -366,7 +367,7 @@ test("Lab 21.2 · 一批一行：状态、事件与快照写在同一行里并�
   });
 });
 
-test("Lab 21.2 · 残缺的尾巴：写到一半的最后一行被忽略、截掉并报告位置；坏行后面还有好行时拒绝打开", HANG_GUARD, async (t) => {
+test("Lab 21.2 · 残缺的尾巴：只有没写完的最后一行被忽略，先备份再截掉；以换行结尾的坏行（CRLF、校验和、不合法的快照）一律拒绝打开、文件不动", HANG_GUARD, async (t) => {
   await withDir(async (dir) => {
     const spy = await spyOnFileHandles();
     t.after(() => spy.restore());
@@ -379,20 +380,22 @@ test("Lab 21.2 · 残缺的尾巴：写到一半的最后一行被忽略、截�
     await store.close();
     const good = (await stat(file)).size;
 
-    // 第三行只写了一半：没有换行。
+    // 第三行只写了一半：没有换行。先另存一份，再截掉。
     const full = lines(await readFile(file, "utf8"))[1]!;
     await appendFile(file, full.slice(0, 40));
     spy.calls.length = 0;
     const first = await TaskStore.open(file);
-    assert.deepEqual(spy.calls, ["sync"], "截掉尾巴之后 sync 一次");
+    const backup = `${file}.torn-${good}.bak`;
+    assert.deepEqual(spy.calls, ["write", "sync", "sync", "sync"], "备份写出并 sync（文件与目录），截掉之后再 sync 一次");
     assert.equal(first.seq, 2);
     assert.equal(first.latest("a")?.state, "running");
-    assert.deepEqual(first.recovery.tornTail, { line: 3, offset: good, bytes: 40, reason: "最后一行没有换行（写到一半）" });
+    assert.deepEqual(first.recovery.tornTail, { line: 3, offset: good, bytes: 40, reason: "最后一行没有换行（写到一半）", backup });
     assert.equal(first.recovery.truncated, true);
     assert.equal((await stat(file)).size, good, "残缺的尾巴被截掉，下一行从干净的位置开始");
+    assert.equal(await readFile(backup, "utf8"), full.slice(0, 40), "截掉的字节原样在备份里");
     assert.equal(
       formatRecovery(first.recovery),
-      `任务存储 tasks.log：2 批完好，1 个任务，1 个未结束；忽略第 3 行起（偏移 ${good}）40 字节的残缺尾巴：最后一行没有换行（写到一半），已截掉`,
+      `任务存储 tasks.log：2 批完好，1 个任务，1 个未结束；忽略第 3 行（偏移 ${good}）40 字节的残缺尾巴：最后一行没有换行（写到一半），已另存为 tasks.log.torn-${good}.bak 后截掉`,
     );
     const paused = transition(started.snapshot, "paused", "paused", null, 12);
     assert.equal(await first.commit({ snapshot: paused.snapshot, events: [paused.event] }), 3);
@@ -402,30 +405,68 @@ test("Lab 21.2 · 残缺的尾巴：写到一半的最后一行被忽略、截�
     assert.equal(second.latest("a")?.state, "paused");
     assert.equal(formatRecovery(second.recovery), "任务存储 tasks.log：3 批完好，1 个任务，1 个未结束");
     await second.close();
+    // 同一个偏移再残缺一次：旧备份不被覆盖，新的换一个名字。
+    await appendFile(file, "半");
+    const again = await TaskStore.open(file);
+    const size = (await stat(file)).size;
+    assert.equal(again.recovery.tornTail?.backup, `${file}.torn-${size}.bak`);
+    await again.close();
+    await appendFile(file, "半");
+    const twice = await TaskStore.open(file);
+    assert.equal(twice.recovery.tornTail?.backup, `${file}.torn-${size}-2.bak`);
+    await twice.close();
+    // 只读打开：报告尾巴，不备份、不截。
+    await appendFile(file, "半");
+    const peeked = await TaskStore.open(file, { readOnly: true });
+    assert.equal(peeked.recovery.tornTail?.backup, null);
+    assert.equal(peeked.recovery.truncated, false, "只读打开不改文件");
+    assert.match(formatRecovery(peeked.recovery), /忽略第 4 行.*只读打开，未截$/);
+    await assert.rejects(peeked.commit({ snapshot: paused.snapshot, events: [paused.event] }), storeRejection());
+    await peeked.close();
 
-    // 最后一行完整但校验和不符：同样是残缺的尾巴。
     const content = await readFile(file, "utf8");
-    const rows = lines(content);
+    const rows = lines(content).slice(0, 3);
+    /** 写进这些字节之后，open（读写与只读都）抛出 TaskStoreCorrupt、指出这一行，文件一个字节都没变，也不留下打开的句柄。 */
+    /** 这个进程里指向存储文件的文件描述符个数（读 /proc/self/fd 的链接，别的文件不算）。 */
+    const fds = (): number =>
+      readdirSync("/proc/self/fd").filter((fd) => {
+        try {
+          return readlinkSync(`/proc/self/fd/${fd}`) === file;
+        } catch {
+          return false;
+        }
+      }).length;
+    const corrupt = async (bytes: string, line: number, kind: string): Promise<string> => {
+      await writeFile(file, bytes);
+      const before = fds();
+      let reason = "";
+      for (const options of [{}, { readOnly: true }]) {
+        await assert.rejects(TaskStore.open(file, options), (error: unknown) => {
+          assert.ok(error instanceof TaskStoreCorrupt, `${kind}：应当是 TaskStoreCorrupt，实际是 ${String(error)}`);
+          assert.equal(error.name, "TaskStoreCorrupt");
+          assert.deepEqual([error.file, error.line], [file, line], kind);
+          assert.ok(error.message.includes(file) && error.message.includes(`第 ${line} 行`), `${kind}：消息要写出文件与行号`);
+          reason = error.reason;
+          return true;
+        });
+      }
+      assert.equal(await readFile(file, "utf8"), bytes, `${kind}：文件没有被截、也没有被改`);
+      assert.equal(fds(), before, `${kind}：拒绝打开时没有留下指向存储文件的句柄`);
+      assert.equal(before, 0);
+      assert.match(reason, /\S/);
+      return reason;
+    };
+    // 换行符被转换成 CRLF：第一行就不合格，什么都不截。
+    assert.match(await corrupt(rows.map((row) => `${row}\r\n`).join(""), 1, "CRLF"), /CRLF/);
+    // 最后一行完整（有换行）但校验和不符：不是写到一半，而是被改过。
     const flipped = rows[2]!.replace('"paused"', '"PAUSED"');
-    await writeFile(file, `${rows[0]}\n${rows[1]}\n${flipped}\n`);
-    const third = await TaskStore.open(file, { readOnly: true });
-    assert.equal(third.seq, 2);
-    assert.equal(third.recovery.tornTail?.line, 3);
-    assert.equal(third.recovery.tornTail?.reason, "校验和不符");
-    assert.equal(third.recovery.truncated, false, "只读打开不改文件");
-    assert.match(formatRecovery(third.recovery), /忽略第 3 行起.*只读打开，未截$/);
-    await assert.rejects(third.commit({ snapshot: paused.snapshot, events: [paused.event] }), storeRejection());
-    await third.close();
+    assert.equal(await corrupt(`${rows[0]}\n${rows[1]}\n${flipped}\n`, 3, "校验和"), "校验和不符");
+    // 坏的是中间一行。
+    await corrupt(`${rows[0]}\n${rows[1]!.replace('"running"', '"RUNNING"')}\n${rows[2]}\n`, 2, "中间");
+    // 坏了好几行，后面没有一行完好：同样是损坏，指出第一行坏的。
+    await corrupt(`${rows[0]}\n${rows[1]}\n${[`#${rows[2]}`, "garbage", flipped].join("\n")}\n`, 3, "几行");
 
-    // 坏的是中间一行：后面还有完好的记录，这不是崩溃留下的尾巴。
-    const middle = rows[1]!.replace('"running"', '"RUNNING"');
-    await writeFile(file, `${rows[0]}\n${middle}\n${rows[2]}\n`);
-    await assert.rejects(
-      TaskStore.open(file),
-      (error: unknown) => error instanceof TaskStoreCorrupt && error.line === 2 && error.name === "TaskStoreCorrupt" && /\S/.test(error.message),
-    );
-
-    // 别的几种残缺的最后一行：格式不对、JSON 坏了、序号不对、缺 snapshot 或 events。都只算尾巴，原因各说各的。
+    // 别的几种坏的最后一行：格式不对、JSON 坏了、序号不对、缺 snapshot 或 events。原因各说各的。
     const sealed = (body: string): string => `${createHash("sha256").update(body, "utf8").digest("hex")} ${body}`;
     const third3 = JSON.parse(rows[2]!.slice(65)) as { seq: number; snapshot: TaskSnapshot; events: unknown[] };
     const tails: [string, string][] = [
@@ -438,23 +479,34 @@ test("Lab 21.2 · 残缺的尾巴：写到一半的最后一行被忽略、截�
     ];
     const reasons = new Map<string, string>();
     for (const [kind, tail] of tails) {
-      await writeFile(file, `${rows[0]}\n${rows[1]}\n${tail}\n`);
-      const peek = await TaskStore.open(file, { readOnly: true });
-      assert.deepEqual([peek.seq, peek.recovery.tornTail?.line], [2, 3], kind);
-      const reason = peek.recovery.tornTail!.reason;
-      assert.match(reason, /\S/);
+      const reason = await corrupt(`${rows[0]}\n${rows[1]}\n${tail}\n`, 3, kind);
       if (!reasons.has(kind)) reasons.set(kind, reason);
-      await peek.close();
     }
     assert.equal(new Set(reasons.values()).size, 4, "格式、JSON、序号、形状四种原因各不相同");
-    // 残缺的尾巴可以有好几行：后面没有一行完好的记录，就都属于尾巴。
-    const tail = [`#${rows[2]}`, "garbage", `#${rows[2]}`, flipped].join("\n");
-    await writeFile(file, `${rows[0]}\n${rows[1]}\n${tail}\n`);
-    const several = await TaskStore.open(file, { readOnly: true });
-    assert.deepEqual(several.recovery.tornTail, {
-      line: 3, offset: good, bytes: Buffer.byteLength(`${tail}\n`), reason: reasons.get("格式"),
-    });
-    await several.close();
+
+    // 校验和对得上、快照却不合法：按提交时的同一套规则检查，指出哪一行、哪个任务。
+    const forged = (snapshot: unknown, events: unknown[] = []): string => sealed(JSON.stringify({ seq: 3, snapshot, events }));
+    const snapshotReasons = [
+      await corrupt(`${rows[0]}\n${rows[1]}\n${forged({})}\n`, 3, "空快照"),
+      await corrupt(`${rows[0]}\n${rows[1]}\n${forged({ ...third3.snapshot, state: "sleeping" })}\n`, 3, "未知状态"),
+    ];
+    assert.match(snapshotReasons[1]!, /sleeping/);
+    const done = transition(started.snapshot, "completed", "completed", null, 12);
+    const doneLine = sealed(JSON.stringify({ seq: 3, snapshot: done.snapshot, events: [done.event] }));
+    const back = { ...done.snapshot, state: "running", version: done.snapshot.version + 1 };
+    const backReason = await corrupt(
+      `${rows[0]}\n${rows[1]}\n${doneLine}\n${sealed(JSON.stringify({ seq: 4, snapshot: back, events: [] }))}\n`,
+      4,
+      "completed 改回 running",
+    );
+    assert.match(backReason, /任务 a/);
+    const backEvent = { taskId: "a", from: "completed", to: "running", event: "resumed", payload: null, at: 13 };
+    await corrupt(`${rows[0]}\n${rows[1]}\n${doneLine}\n${sealed(JSON.stringify({ seq: 4, snapshot: back, events: [backEvent] }))}\n`, 4, "completed → running 的事件");
+    // 合法的那一行本身读得回来：上面的拒绝不是误伤。
+    await writeFile(file, `${rows[0]}\n${rows[1]}\n${doneLine}\n`);
+    const fine = await TaskStore.open(file, { readOnly: true });
+    assert.equal(fine.latest("a")?.state, "completed");
+    await fine.close();
   });
 });
 
@@ -570,7 +622,7 @@ test("Lab 21.2 · 提交前整批检查：版本不连续、事件接不上迁�
     const unsyncedAgain = await TaskStore.open(loose, { fsync: false });
     assert.equal(unsyncedAgain.recovery.truncated, true);
     await unsyncedAgain.close();
-    assert.deepEqual(spy.calls, ["write"], "fsync: false 只写，不 sync");
+    assert.deepEqual(spy.calls, ["write", "write"], "fsync: false 只写（一批、一份尾巴的备份），不 sync");
   });
 });
 

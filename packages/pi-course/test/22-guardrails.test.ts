@@ -7,18 +7,19 @@
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
 import { getEventListeners } from "node:events";
-import { mkdtemp, rm, readFile, appendFile, writeFile } from "node:fs/promises";
-import { tmpdir } from "node:os";
+import { mkdtemp, open, rm, readFile, appendFile, writeFile } from "node:fs/promises";
+import os, { tmpdir } from "node:os";
 import path from "node:path";
 import test from "node:test";
 
+import { createCodemodeTool, type CodemodeToolDetails } from "../src/codemode.js";
 import { ScriptedModel, type ScriptedTurn } from "../src/scripted-model.js";
 import { objectSchema, stringValue, ToolRegistry, type Tool } from "../src/tool.js";
 import { assistantMessage, currentSystemMessage, text, textOf } from "../src/types.js";
 import type { AgentMessage, AssistantMessage, ToolCall, ToolResultMessage } from "../src/types.js";
 import { createTask } from "../src/task-runtime/task-state.js";
 import { TaskStore } from "../src/task-runtime/task-store.js";
-import { TaskRuntime, type TaskHooks, type TaskRuntimeEvent, type TaskToolContext } from "../src/task-runtime/task-runner.js";
+import { DEFAULT_TOOL_TIMEOUT_MS, TaskRuntime, type TaskHooks, type TaskRuntimeEvent, type TaskToolContext } from "../src/task-runtime/task-runner.js";
 import {
   DEFAULT_RETRY_POLICY,
   backoffDelay,
@@ -56,6 +57,7 @@ import {
   argsDigest,
   checkPermission,
   createAuditHooks,
+  createGuardedCodemodeTool,
   createPermissionHooks,
   permissionOf,
   readAuditLog,
@@ -483,6 +485,51 @@ test("Lab 22.1 · 格式错误回填原样输出与错误，最多 2 次；参�
   const abortedStep = f7.context.steps.at(-1)!;
   assert.match(abortedStep.type === "model_call" ? (abortedStep.error ?? "") : "", /aborted/, "没有错误文字时，步骤写明以什么收尾");
   await store.close();
+
+  // 不给 toolTimeoutMs 时期限是 30 秒（DEFAULT_TOOL_TIMEOUT_MS）；Infinity 表示不限；不是正数在构造时就拒绝。
+  assert.equal(DEFAULT_TOOL_TIMEOUT_MS, 30_000);
+  const plainStore = await TaskStore.open(path.join(dir, "default-timeout.jsonl"), { fsync: false });
+  for (const bad of [0, -1, Number.NaN, 2 ** 31]) {
+    assert.throws(() => new TaskRuntime({ store: plainStore, model, toolTimeoutMs: bad }), RangeError, `toolTimeoutMs ${bad}`);
+  }
+  assert.doesNotThrow(() => new TaskRuntime({ store: plainStore, model, toolTimeoutMs: Number.POSITIVE_INFINITY }));
+  // 假的 setTimeout：拨到 29 999 毫秒工具还在跑，再拨 1 毫秒它的 signal 触发、结果是一条 30 000 毫秒的超时。
+  t.mock.timers.enable({ apis: ["setTimeout"] });
+  let started!: () => void;
+  const toolStarted = new Promise<void>((resolve) => (started = resolve));
+  let cancelled = false;
+  const stuck: Tool<{ q: string }> = {
+    name: "stuck",
+    description: "等到被取消",
+    schema: objectSchema({ q: stringValue }),
+    execute: (_parameters, context) =>
+      new Promise((resolve) => {
+        context.signal?.addEventListener("abort", () => {
+          cancelled = true;
+          resolve({ content: [text("被取消")], isError: true });
+        }, { once: true });
+        started();
+      }),
+  };
+  const plain = new TaskRuntime({
+    store: plainStore,
+    model: new ScriptedModel([toolTurn([call("s1", "stuck", { q: "x" })]), answer("超时了")]),
+    tools: [stuck],
+    clock: time.clock,
+  });
+  await plain.submit({ id: "d1", input: "等它" });
+  const running = plain.run("d1");
+  await toolStarted;
+  t.mock.timers.tick(29_999);
+  await new Promise((resolve) => setImmediate(resolve));
+  assert.equal(cancelled, false, "29 999 毫秒时还没到期限");
+  t.mock.timers.tick(1);
+  const finished = await running;
+  t.mock.timers.reset();
+  assert.equal(cancelled, true, "到期限时工具的 signal 触发");
+  const defaultTimeout = finished.context.messages.find((message): message is ToolResultMessage => message.role === "toolResult")!;
+  assert.match(textOf(defaultTimeout), /执行超过 30000 毫秒，已经取消/);
+  await plainStore.close();
 });
 
 // ---------------------------------------------------------------------------
@@ -817,18 +864,39 @@ test("Lab 22.4 · 权限闸门：read 默认放行；write 只在确认回调明
   assert.equal(permissionOf({}), "write");
   assert.equal(permissionOf({ permission: "read" }), "read");
 
-  // 闸门：未知工具和模型调不到的工具（没激活的 deferred）直接放行，交给执行器给出它自己的失败；其余才按级别判定。
+  // 闸门：谁都调不动的工具（未知、hidden）交给执行器给出它自己的失败；模型或脚本调得动的都按级别判定——
+  // 闸门不知道调用来自模型还是第 23 章计划里的脚本，只给脚本的 codemode / deferred 工具不能因此绕过它。
   const deferred = countingTool("bulk_update", { permission: "write" }).tool;
   deferred.exposure = "deferred";
-  const registry = new ToolRegistry([countingTool("update_address", { permission: "write" }).tool, deferred]);
+  const scriptDelete = countingTool("purge_orders", { permission: "delete" }).tool;
+  scriptDelete.exposure = "codemode";
+  const hidden = countingTool("wipe_all", { permission: "delete" }).tool;
+  hidden.exposure = "hidden";
+  const registry = new ToolRegistry([countingTool("update_address", { permission: "write" }).tool, deferred, scriptDelete, hidden]);
   const gate = createPermissionHooks({ tools: registry, policy: {} }).gateTool!;
   const snapshot = createTask({ taskId: "t9", input: "改地址" }, 0).snapshot;
   assert.deepEqual(await gate(call("g1", "no_such_tool", {}), snapshot), { allow: true });
-  assert.deepEqual(await gate(call("g2", "bulk_update", {}), snapshot), { allow: true });
+  assert.deepEqual(await gate(call("g0", "wipe_all", {}), snapshot), { allow: true }, "hidden：谁都调不动，交给执行器");
   assert.deepEqual(await gate(call("g3", "update_address", {}), snapshot), { allow: false, message: PERMISSION_DENIED });
+  const asking: string[] = [];
+  const saysNo = createPermissionHooks({ tools: registry, policy: { confirm: ({ call: c }) => (asking.push(c.name), false) } }).gateTool!;
+  for (const g of [gate, saysNo]) {
+    assert.deepEqual(await g(call("g2", "bulk_update", {}), snapshot), { allow: false, message: PERMISSION_DENIED }, "只给脚本的 write 工具也要确认");
+    assert.deepEqual(await g(call("g4", "purge_orders", {}), snapshot), { allow: false, message: PERMISSION_DENIED }, "只给脚本的 delete 工具永远不给");
+  }
+  assert.deepEqual(asking, ["bulk_update"], "确认回调说不；delete 连问都不问");
+  // 一个没有经过闸门的 codemode 工具：它的嵌套调用会绕开判定，所以它本身就被拒绝（连确认都不问）。
+  const withPlain = new ToolRegistry([countingTool("read_order", { permission: "read" }).tool]);
+  withPlain.register(createCodemodeTool(withPlain));
+  const yesGate = createPermissionHooks({ tools: withPlain, policy: { confirm: () => true } }).gateTool!;
+  assert.deepEqual(await yesGate(call("g5", "codemode", { code: "return 1" }), snapshot), { allow: false, message: PERMISSION_DENIED });
+  const guardedRegistry = new ToolRegistry([countingTool("read_order", { permission: "read" }).tool]);
+  guardedRegistry.register(createGuardedCodemodeTool({ tools: guardedRegistry, policy: { confirm: () => true } }));
+  const guardedGate = createPermissionHooks({ tools: guardedRegistry, policy: { confirm: () => true } }).gateTool!;
+  assert.deepEqual(await guardedGate(call("g6", "codemode", { code: "return 1" }), snapshot), { allow: true }, "经过闸门的 codemode 按它的级别（write）确认");
 });
 
-test("Lab 22.4 · 运行时：同一批里 read 执行、write 经确认执行、delete 被拒；拒绝是一条普通的配对错误，不透露业务细节，任务照常完成", HANG_GUARD, async (t) => {
+test("Lab 22.4 · 运行时：同一批里 read 执行、write 经确认执行、delete 被拒；codemode 脚本里的每个嵌套调用同样逐个判定；拒绝是一条普通的配对错误，不透露业务细节，任务照常完成", HANG_GUARD, async (t) => {
   const dir = await tempDir(t);
   const time = fakeTime();
   const read = countingTool("read_order", { permission: "read" });
@@ -874,6 +942,64 @@ test("Lab 22.4 · 运行时：同一批里 read 执行、write 经确认执行�
   // 拒绝只是反馈：模型下一轮照常看到四条配对结果。
   assert.equal(model.requests[1]!.messages.filter((message) => message.role === "toolResult").length, 4);
   await store.close();
+
+  // codemode：宿主确认了一次 codemode（write）调用，脚本里的每个嵌套调用仍然逐个经过同一个闸门、各留一条 permission 记录。
+  const nestedRead = countingTool("read_order", { permission: "read" });
+  const nestedWrite = countingTool("update_address", { permission: "write" });
+  const nestedDelete = countingTool("delete_order", { permission: "delete" });
+  for (const tool of [nestedRead.tool, nestedWrite.tool, nestedDelete.tool]) tool.exposure = "codemode";
+  const script = [
+    "const out = [];",
+    "for (const [name, q] of [['read_order', 'ORD-9'], ['update_address', '北京'], ['update_address', '上海'], ['delete_order', 'ORD-9']]) {",
+    "  try { out.push((await tools[name]({ q })).text); } catch (error) { out.push('拒绝：' + String(error.message ?? error)); }",
+    "}",
+    "return out;",
+  ].join("\n");
+  const nestedAsked: string[] = [];
+  const auditFile = path.join(dir, "nested-audit.jsonl");
+  const audit = await AuditLog.open(auditFile);
+  const nestedModel = new ScriptedModel([toolTurn([call("cm", "codemode", { code: script })]), answer("脚本跑完了")]);
+  const nestedStore = await TaskStore.open(path.join(dir, "nested.jsonl"), { fsync: false });
+  const nestedTools = new ToolRegistry([nestedRead.tool, nestedWrite.tool, nestedDelete.tool]);
+  const policy = {
+    // codemode 本身答应；嵌套的 update_address 只答应第一次（北京），之后说不。
+    confirm: ({ call: asking }: ConfirmRequest) => (nestedAsked.push(`${asking.id}:${asking.name}`), asking.name === "codemode" || nestedAsked.length === 2),
+  };
+  nestedTools.register(createGuardedCodemodeTool({ tools: nestedTools, policy, audit, clock: time.clock }));
+  const nestedRuntime = new TaskRuntime({
+    store: nestedStore,
+    model: nestedModel,
+    tools: nestedTools,
+    clock: time.clock,
+    hooks: [createPermissionHooks({ tools: nestedTools, policy, audit })],
+  });
+  await nestedRuntime.submit({ id: "cm1", input: "用脚本改地址再删单" });
+  const nestedDone = await nestedRuntime.run("cm1");
+  await audit.close();
+  assert.equal(nestedDone.state, "completed");
+  assert.deepEqual([nestedRead.runs, nestedWrite.runs, nestedDelete.runs], [["ORD-9"], ["北京"], []], "delete 从脚本里也够不着；第二次写被拒");
+  assert.deepEqual(nestedAsked, ["cm:codemode", "cm/2:update_address", "cm/3:update_address"], "每次嵌套的 write 都单独问；delete 不问");
+  const nestedResult = nestedDone.context.messages.find((message): message is ToolResultMessage => message.role === "toolResult")!;
+  const output = JSON.parse(textOf(nestedResult)) as string[];
+  assert.deepEqual(output.slice(0, 2), ["read_order:ORD-9", "update_address:北京"]);
+  for (const denied of output.slice(2)) assert.equal(denied, `拒绝：Tool ${denied.includes("delete") ? "delete_order" : "update_address"} failed: ${PERMISSION_DENIED}`);
+  assert.deepEqual(
+    (nestedResult.details as CodemodeToolDetails).nestedCalls.calls.map((entry) => `${entry.name}:${entry.status}`),
+    ["read_order:ok", "update_address:ok", "update_address:error", "delete_order:error"],
+  );
+  const permissions = (await readAuditLog(auditFile)).filter((record): record is Extract<AuditRecord, { kind: "permission" }> => record.kind === "permission");
+  assert.deepEqual(
+    permissions.map((record) => [record.taskId, record.step, record.callId, record.tool, record.decision, record.allowed]),
+    [
+      ["cm1", 2, "cm", "codemode", "confirmed", true],
+      ["cm1", 2, "cm/1", "read_order", "read", true],
+      ["cm1", 2, "cm/2", "update_address", "confirmed", true],
+      ["cm1", 2, "cm/3", "update_address", "declined", false],
+      ["cm1", 2, "cm/4", "delete_order", "delete-forbidden", false],
+    ],
+    "外层与每个嵌套调用都有一条记录，任务 id 与步骤号是外层调用的",
+  );
+  await nestedStore.close();
 });
 
 test("Lab 22.4 · 审计日志：每次迁移、模型请求与回复、工具调用、权限判定都按顺序落进 JSONL；重开接着编号，没写完的末行被跳过", HANG_GUARD, async (t) => {
@@ -899,7 +1025,24 @@ test("Lab 22.4 · 审计日志：每次迁移、模型请求与回复、工具�
       createAuditHooks(audit),
     ],
   });
-  await runtime.submit({ id: "a1", input: "查 ORD-1 再删掉" });
+  // 审计记录先落盘，提交才算确认：submit 兑现之前，created 那一行已经写进文件并 sync 过（存储这里不 sync，sync 只来自日志）。
+  const probe = await open(os.devNull, "r");
+  const proto = Object.getPrototypeOf(probe) as { sync(): Promise<void> };
+  await probe.close();
+  const originalSync = proto.sync;
+  const order: string[] = [];
+  proto.sync = function (this: unknown) {
+    order.push("sync");
+    return originalSync.apply(this);
+  };
+  try {
+    await runtime.submit({ id: "a1", input: "查 ORD-1 再删掉" });
+    order.push("submitted");
+  } finally {
+    proto.sync = originalSync;
+  }
+  assert.deepEqual(order, ["sync", "submitted"], "created 的审计行 sync 之后 submit 才兑现");
+  assert.deepEqual((await readAuditLog(file)).map((record) => record.kind === "transition" && record.event), ["created"]);
   await runtime.run("a1");
   await audit.close();
 

@@ -566,7 +566,6 @@ test("Lab 23.1 · 同一个查询：DAG 路径只调用一次模型，ReAct 循�
     const request = audited.find((entry) => entry.kind === "model_request");
     assert.ok(request !== undefined && request.kind === "model_request");
     assert.deepEqual([request.step, request.at, request.messages, request.tools], [4, 1_000, 1, []], "回答节点的请求：第 4 步，一条消息，不带工具");
-    await audit.close();
 
     // 规则没覆盖：路由模型的那次调用本身也是一个步骤（花的 token 记在这个任务上），之后照样走 DAG。
     const guessed = await orchestrator.run("guess");
@@ -577,6 +576,7 @@ test("Lab 23.1 · 同一个查询：DAG 路径只调用一次模型，ReAct 循�
     assert.match(guessedRecord.route?.reason ?? "", /无类型的任务/);
     assert.equal(guessedRecord.calls[0]!.node, "route");
     assert.equal(guessed.context.tokensUsed, 16);
+    await audit.close();
 
     // DAG 里的工具调用同样有超时（与 TaskRuntime 的 toolTimeoutMs 同义）：挂住的工具收到取消，节点失败，依赖它的节点不运行。
     let hungSawAbort = false;

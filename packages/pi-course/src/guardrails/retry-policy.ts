@@ -1,6 +1,6 @@
 // 第 22 章 · 重试策略：先问“这是哪一类失败”，再决定等多久、重试几次、要不要交给人。
 //
-// 三类失败，三种处理（数字来自种子文章的配置表）：
+// 三类失败，三种处理（数字是常见的生产默认值）：
 // - transient（超时、限流、连接被重置、HTTP 408/429/5xx）：指数退避 1 s、2 s、4 s（倍数 2，封顶 30 s），最多重试 3 次；
 // - format（模型的输出坏了，例如工具参数不是完整的 JSON）：把错误和它上一次的原样输出一起放回去，最多重试 2 次；
 // - toolLogic（工具自己执行失败）：绝不自动重试——它可能已经产生了副作用——任务暂停，标记为需要人来看。
@@ -15,7 +15,7 @@ import type { TaskRetryState } from "../task-runtime/task-state.js";
 import type { ModelFailureDecision, TaskHooks } from "../task-runtime/task-runner.js";
 import { PERMISSION_DENIED } from "./permissions.js";
 
-/** 失败的类别。fatal 不在种子的表里：它代表“再试也一样”的模型错误。 */
+/** 失败的类别。fatal 是课程加的第四类：它代表“再试也一样”的模型错误。 */
 export type FailureClass = "transient" | "format" | "toolLogic" | "fatal";
 
 export interface RetryPolicy {
@@ -24,7 +24,7 @@ export interface RetryPolicy {
   toolLogic: { maxRetries: number };
 }
 
-/** 种子文章配置表里的出厂设置。 */
+/** 出厂设置：常见的生产默认值。 */
 export const DEFAULT_RETRY_POLICY: RetryPolicy = Object.freeze({
   transient: Object.freeze({ maxRetries: 3, initialDelayMs: 1_000, factor: 2, maxDelayMs: 30_000 }),
   format: Object.freeze({ maxRetries: 2 }),

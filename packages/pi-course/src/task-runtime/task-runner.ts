@@ -87,6 +87,9 @@ export type TaskRuntimeEvent =
   | { kind: "model_request"; taskId: string; step: number; at: number; messages: number; tools: string[] }
   | { kind: "recovered"; taskId: string; state: TaskSnapshot["state"]; version: number; at: number };
 
+/** 第 22 章：一次就要写进存储的提交（还没有序号）；beforeCommit 收到它。 */
+export type CommitIntent = Omit<Extract<TaskRuntimeEvent, { kind: "commit" }>, "seq">;
+
 /**
  * 后续章节挂进运行时的地方，核心循环不用改：
  * - prepareRequest：每次模型请求之前改写请求（预算模式、输出余量）；
@@ -108,6 +111,11 @@ export interface TaskHooks {
     call: ToolCall,
     snapshot: TaskSnapshot,
   ): ToolResultDecision | undefined | Promise<ToolResultDecision | undefined>;
+  /**
+   * 第 22 章：每次提交之前（批次已经定下、还没写进存储）。运行时依次等每个钩子返回的 Promise，之后才写存储；
+   * 它失败，这次提交不发生。预写的审计日志用它：存储里有的提交，日志里一定已经有了。
+   */
+  beforeCommit?(intent: CommitIntent): void | Promise<void>;
   onEvent?(event: TaskRuntimeEvent): void;
 }
 
@@ -124,7 +132,10 @@ export interface TaskRuntimeOptions {
   /** 每次请求放在最前面的 system 提示（不进快照）。 */
   systemPrompt?: string;
   hooks?: TaskHooks | readonly TaskHooks[];
-  /** 单个工具调用最多等多久（毫秒）；到点取消它的 signal，结果是一条超时的失败。省略表示不限。 */
+  /**
+   * 单个工具调用最多等多久（毫秒）；到点取消它的 signal，结果是一条超时的失败。
+   * 省略时是 DEFAULT_TOOL_TIMEOUT_MS（30 秒）；Infinity 表示不限。不是正数时构造函数抛 RangeError。
+   */
   toolTimeoutMs?: number;
 }
 
@@ -202,10 +213,22 @@ function pendingCalls(messages: readonly AgentMessage[]): ToolCall[] {
 // 带期限的工具调用（第 22 章的 toolTimeoutMs；第 23 章的 DAG 与规划-执行也用）
 // ---------------------------------------------------------------------------
 
+/** 工具调用的默认期限：30 秒，一个常见的生产默认值。TaskRuntime 与 executeWithin 省略期限时都用它。 */
+export const DEFAULT_TOOL_TIMEOUT_MS = 30_000;
+
+/** 期限必须是正数（Infinity 表示不限）；setTimeout 装不下的有限值也不行。 */
+export function checkToolTimeout(limitMs: number): number {
+  if (limitMs === Number.POSITIVE_INFINITY) return limitMs;
+  if (typeof limitMs !== "number" || !Number.isFinite(limitMs) || limitMs <= 0 || limitMs > 2_147_483_647) {
+    throw new RangeError(`toolTimeoutMs 必须是不超过 2147483647 的正数，或 Infinity（不限）：${String(limitMs)}`);
+  }
+  return limitMs;
+}
+
 /**
- * 执行一个调用；给了 limitMs 时，到点取消这次调用自己的 signal（context.signal 的取消照样转达进来），
- * 换回一条超时的失败结果。TaskRuntime 的 toolTimeoutMs 用它；第 23 章的 DAG 与规划-执行以 script 身份
- * 发起的调用也经过它，所以两边的超时是同一种失败、同一句话。
+ * 执行一个调用；到了期限（省略时 DEFAULT_TOOL_TIMEOUT_MS，Infinity 不限）就取消这次调用自己的 signal
+ * （context.signal 的取消照样转达进来），换回一条超时的失败结果。TaskRuntime 的 toolTimeoutMs 用它；第 23 章的 DAG
+ * 与规划-执行以 script 身份发起的调用也经过它，所以两边的超时是同一种失败、同一句话、同一个默认值。
  */
 export async function executeWithin(
   call: ToolCall,
@@ -214,7 +237,8 @@ export async function executeWithin(
   limitMs: number | undefined,
   scope?: ToolCallScope,
 ): Promise<ToolResultMessage> {
-  if (limitMs === undefined) return executeToolCall(call, tools, context, scope);
+  const limit = checkToolTimeout(limitMs ?? DEFAULT_TOOL_TIMEOUT_MS);
+  if (limit === Number.POSITIVE_INFINITY) return executeToolCall(call, tools, context, scope);
   const controller = new AbortController();
   const outer = context.signal;
   const relay = (): void => controller.abort(outer?.reason);
@@ -222,14 +246,14 @@ export async function executeWithin(
   else outer?.addEventListener("abort", relay, { once: true });
   let timer: ReturnType<typeof setTimeout> | undefined;
   const expired = new Promise<"timeout">((resolve) => {
-    timer = setTimeout(() => resolve("timeout"), limitMs);
+    timer = setTimeout(() => resolve("timeout"), limit);
   });
   try {
     const running = executeToolCall(call, tools, { ...context, signal: controller.signal }, scope);
     const first = await Promise.race([running, expired]);
     if (first !== "timeout") return first;
     controller.abort(new Error("tool timeout"));
-    return failedResult(call, new Error(`执行超过 ${limitMs} 毫秒，已经取消`));
+    return failedResult(call, new Error(`执行超过 ${limit} 毫秒，已经取消`));
   } finally {
     clearTimeout(timer);
     outer?.removeEventListener("abort", relay);
@@ -258,21 +282,27 @@ export class TaskRecorder {
     this.hooks = Array.isArray(hooks) ? [...hooks] : [hooks as TaskHooks];
   }
 
-  /** 提交一个批次；存储确认之后报告给每个钩子。返回的就是提交的快照。 */
+  /**
+   * 提交一个批次：先交给每个钩子的 beforeCommit 并依次等它们兑现（第 22 章：预写的审计日志），再等存储确认，
+   * 最后报告给每个钩子。返回的就是提交的快照。
+   */
   async commit(reason: CommitReason, snapshot: TaskSnapshot, events: TaskEvent[], step?: TaskStep): Promise<TaskSnapshot> {
-    const seq = await this.store.commit({ snapshot, events });
-    const record: TaskRuntimeEvent = {
+    const intent: CommitIntent = {
       kind: "commit",
       reason,
       taskId: snapshot.taskId,
-      seq,
       version: snapshot.version,
       state: snapshot.state,
       at: snapshot.checkpointAt,
       events: structuredClone(events),
     };
-    if (step !== undefined) record.step = structuredClone(step);
-    this.emit(record);
+    if (step !== undefined) intent.step = structuredClone(step);
+    // 第 22 章：beforeCommit 失败（例如审计日志写不进去），这次提交就不发生。
+    for (const hook of this.hooks) {
+      if (hook.beforeCommit !== undefined) await hook.beforeCommit(structuredClone(intent));
+    }
+    const seq = await this.store.commit({ snapshot, events });
+    this.emit({ ...intent, seq });
     return snapshot;
   }
 
@@ -312,7 +342,7 @@ export class TaskRuntime {
   readonly #hooks: readonly TaskHooks[];
   /** 每次提交都经过它：落盘之后才报告给钩子。 */
   readonly #recorder: TaskRecorder;
-  readonly #toolTimeoutMs: number | undefined;
+  readonly #toolTimeoutMs: number;
   /** 正在 run 的任务：同一个任务同一时刻只能有一个 run。 */
   readonly #active = new Set<string>();
   /** 等待运行的任务 id（submit 与 recover 放进来，drain 按顺序取走）。 */
@@ -328,7 +358,7 @@ export class TaskRuntime {
     this.#systemPrompt = options.systemPrompt;
     this.#recorder = new TaskRecorder(options.store, options.hooks);
     this.#hooks = this.#recorder.hooks;
-    this.#toolTimeoutMs = options.toolTimeoutMs;
+    this.#toolTimeoutMs = checkToolTimeout(options.toolTimeoutMs ?? DEFAULT_TOOL_TIMEOUT_MS);
   }
 
   get store(): TaskStore {

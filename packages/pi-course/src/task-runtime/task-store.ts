@@ -8,8 +8,10 @@
 // commit() 的 Promise 要等这一行写完并且 FileHandle.sync() 返回才兑现：兑现了，就是“已确认”，
 // 之后无论进程怎样死掉，重新 open 都读得回来。
 //
-// open() 逐行校验。最后一行没写完（没有换行、校验和不符、JSON 坏了）是“残缺的尾巴”：进程死在写到一半的地方。
-// 它被忽略、从文件里截掉，并写进 recovery 报告。坏行后面若还有好行，那不是残缺而是损坏：open 拒绝打开。
+// open() 逐行校验，并像提交时一样检查每一批（快照的形状、版本连续、事件链与迁移表一致）。
+// 只有最后那段没有换行的字节是“残缺的尾巴”：进程死在写到一半的地方，这一批从未被确认。它被忽略、先另存一份备份、
+// 再从文件里截掉，并写进 recovery 报告。任何以换行结尾却不合格的行（校验和不符、换行被转换成 CRLF、快照不合法……）
+// 都不是崩溃能留下的：那是损坏，open 抛出 TaskStoreCorrupt（文件与行号），文件一个字节也不改。
 
 import { createHash } from "node:crypto";
 import { open as openFile, readFile, type FileHandle } from "node:fs/promises";
@@ -32,7 +34,7 @@ export interface StoredBatch extends TaskBatch {
 }
 
 export interface TornTail {
-  /** 残缺部分从第几行开始（从 1 数）。 */
+  /** 残缺部分在第几行（从 1 数）：总是最后一行。 */
   line: number;
   /** 残缺部分在文件里的字节偏移。 */
   offset: number;
@@ -40,6 +42,8 @@ export interface TornTail {
   bytes: number;
   /** 为什么这一行不算数。 */
   reason: string;
+  /** 截掉之前另存的那几个字节在哪个文件里；只读打开（不截）时是 null。 */
+  backup: string | null;
 }
 
 export interface RecoveryReport {
@@ -69,14 +73,18 @@ export class TaskStoreRejected extends Error {
   }
 }
 
-/** 文件中间有坏行（后面还有好行）：这不是崩溃留下的尾巴，存储拒绝打开。 */
+/** 某一行以换行结尾却不合格：这不是崩溃留下的尾巴，存储拒绝打开，文件不改。 */
 export class TaskStoreCorrupt extends Error {
+  readonly file: string;
   readonly line: number;
+  readonly reason: string;
 
   constructor(file: string, line: number, reason: string) {
-    super(`任务存储 ${file} 第 ${line} 行已损坏（${reason}），而它后面还有完好的记录：拒绝打开`);
+    super(`任务存储 ${file} 第 ${line} 行已损坏（${reason}）：拒绝打开，文件没有改动`);
     this.name = "TaskStoreCorrupt";
+    this.file = file;
     this.line = line;
+    this.reason = reason;
   }
 }
 
@@ -131,8 +139,8 @@ export function formatRecovery(report: RecoveryReport): string {
   const head = `任务存储 ${path.basename(report.file)}：${report.batches} 批完好，${report.tasks} 个任务，${report.unfinished} 个未结束`;
   if (report.tornTail === null) return head;
   const tail = report.tornTail;
-  const action = report.truncated ? "已截掉" : "只读打开，未截";
-  return `${head}；忽略第 ${tail.line} 行起（偏移 ${tail.offset}）${tail.bytes} 字节的残缺尾巴：${tail.reason}，${action}`;
+  const action = report.truncated ? `已另存为 ${path.basename(tail.backup ?? "")} 后截掉` : "只读打开，未截";
+  return `${head}；忽略第 ${tail.line} 行（偏移 ${tail.offset}）${tail.bytes} 字节的残缺尾巴：${tail.reason}，${action}`;
 }
 
 // <<< 已给出
@@ -187,12 +195,6 @@ function checkBatch(batch: TaskBatch, claim: Claim | undefined): TaskBatch {
 function encodeLine(seq: number, batch: TaskBatch): string {
   const body = JSON.stringify({ seq, snapshot: batch.snapshot, events: batch.events });
   return `${checksum(body)} ${body}\n`;
-}
-
-/** 这一行的校验和对得上（不管序号）。 */
-function intact(line: string): boolean {
-  const match = /^([0-9a-f]{64}) (.*)$/s.exec(line);
-  return match !== null && checksum(match[2]!) === match[1];
 }
 
 /** 解码一行（不含换行）；不合法时返回原因。 */
@@ -262,8 +264,9 @@ export class TaskStore {
   }
 
   /**
-   * 打开（不存在就创建）一个存储：逐行校验、重放；残缺的尾巴忽略并截掉；中间坏行则拒绝打开。
-   * 新建文件时也 sync 一次所在目录，文件名本身才算落盘。
+   * 打开（不存在就创建）一个存储：逐行校验、按提交时的规则检查每一批、重放。最后那段没有换行的字节是残缺的尾巴：
+   * 先另存为 `<文件>.torn-<偏移>.bak`（sync 之后）再截掉；任何以换行结尾却不合格的行都抛出 TaskStoreCorrupt，文件不改。
+   * 新建文件时也 sync 一次所在目录，文件名本身才算落盘。出错时不留下打开的文件句柄。
    */
   static async open(file: string, options: TaskStoreOptions = {}): Promise<TaskStore> {
     const absolute = path.resolve(file);
@@ -284,15 +287,17 @@ export class TaskStore {
     const handle = await openFile(absolute, "a");
     try {
       if (torn !== null) {
+        // 先备份、后截掉：截掉的字节永远找得回来。
+        torn.backup = await saveTail(absolute, torn.offset, bytes.subarray(torn.offset), fsync);
         await handle.truncate(torn.offset);
         if (fsync) await handle.sync();
       }
       if (!existed && fsync) await syncDirectory(path.dirname(absolute));
+      return new TaskStore(absolute, handle, fsync, batches, torn, torn !== null);
     } catch (error) {
       await handle.close().catch(() => undefined);
       throw error;
     }
-    return new TaskStore(absolute, handle, fsync, batches, torn, torn !== null);
   }
 
   /** 最后一个已确认批次的序号。 */
@@ -405,27 +410,56 @@ async function syncDirectory(directory: string): Promise<void> {
   }
 }
 
-/** 逐行读：完好的批次，以及（如果有）残缺的尾巴。坏行后面还有好行时抛出 TaskStoreCorrupt。 */
+/** 把残缺的尾巴另存进一个新文件（名字已被占用就换一个），返回它的路径；fsync 时文件与目录都 sync。 */
+async function saveTail(file: string, offset: number, tail: Buffer, fsync: boolean): Promise<string> {
+  for (let attempt = 1; ; attempt += 1) {
+    const backup = `${file}.torn-${offset}${attempt === 1 ? "" : `-${attempt}`}.bak`;
+    let handle: FileHandle;
+    try {
+      handle = await openFile(backup, "wx");
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code === "EEXIST") continue;
+      throw error;
+    }
+    try {
+      await writeAll(handle, tail);
+      if (fsync) await handle.sync();
+    } finally {
+      await handle.close();
+    }
+    if (fsync) await syncDirectory(path.dirname(file));
+    return backup;
+  }
+}
+
+/**
+ * 逐行读：完好的批次，以及（如果有）残缺的尾巴——只可能是最后那段没有换行的字节。
+ * 以换行结尾的每一行都必须解码成功，并通过与提交时相同的整批检查；否则抛出 TaskStoreCorrupt（文件与行号）。
+ */
 function readLines(file: string, bytes: Buffer): { batches: StoredBatch[]; torn: TornTail | null } {
   const batches: StoredBatch[] = [];
-  let torn: TornTail | null = null;
+  const claims = new Map<string, Claim>();
   let offset = 0;
   let line = 0;
   while (offset < bytes.length) {
     line += 1;
     const end = bytes.indexOf(0x0a, offset);
-    const complete = end !== -1;
-    const text = bytes.subarray(offset, complete ? end : bytes.length).toString("utf8");
-    const decoded = complete ? decodeLine(text, batches.length + 1) : "最后一行没有换行（写到一半）";
-    if (torn !== null) {
-      // 残缺之后不该再有完好的行：有，就是文件中间坏了。
-      if (complete && intact(text)) throw new TaskStoreCorrupt(file, torn.line, torn.reason);
-    } else if (typeof decoded === "string") {
-      torn = { line, offset, bytes: bytes.length - offset, reason: decoded };
-    } else {
-      batches.push(decoded);
+    if (end === -1) {
+      const torn: TornTail = { line, offset, bytes: bytes.length - offset, reason: "最后一行没有换行（写到一半）", backup: null };
+      return { batches, torn };
     }
-    offset = complete ? end + 1 : bytes.length;
+    const text = bytes.subarray(offset, end).toString("utf8");
+    const decoded = text.endsWith("\r") ? "行尾是 CRLF（\\r\\n）：换行符被转换过" : decodeLine(text, batches.length + 1);
+    if (typeof decoded === "string") throw new TaskStoreCorrupt(file, line, decoded);
+    let checked: TaskBatch;
+    try {
+      checked = checkBatch(decoded, claims.get(decoded.snapshot?.taskId));
+    } catch (error) {
+      throw new TaskStoreCorrupt(file, line, error instanceof Error ? error.message : String(error));
+    }
+    claims.set(checked.snapshot.taskId, { version: checked.snapshot.version, state: checked.snapshot.state });
+    batches.push({ seq: decoded.seq, ...checked });
+    offset = end + 1;
   }
-  return { batches, torn };
+  return { batches, torn: null };
 }
