@@ -74,7 +74,7 @@ interface ActiveRun {
  * 提示：确认 event.type === "loop" 后先写 `const loop = event.event`，再按 loop.type 分支。
  */
 export function reduceAgentState(state: AgentState, event: AgentEvent): AgentState {
-  throw labError("Lab 9.1 派生公开状态");
+  throw labError("Lab 9.1 reducer");
 }
 
 export class Agent {
