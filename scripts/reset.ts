@@ -5,7 +5,7 @@
 import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
-import { CourseError, interactive, main, rejectUnknownOptions, takeFlag } from "./model/cli.js";
+import { CourseError, cancelExit, interactive, main, rejectUnknownOptions, takeFlag } from "./model/cli.js";
 import { parseChapterArg } from "./model/manifest.js";
 import { ROOT, inTree, isPracticeRoot } from "./model/paths.js";
 import { backupFolder } from "./model/practice-state.js";
@@ -57,7 +57,7 @@ await main(async (args) => {
   if (!yes && interactive()) {
     const { confirm } = await import("./model/picker.js");
     const asked = `用脚手架覆盖 ${changed.join("、")}？（你的版本会先存进备份目录）`;
-    if (!(await confirm(asked, false))) throw new CourseError("已取消，什么也没有改。", 130);
+    if (!(await confirm(asked, false))) throw new CourseError("已取消，什么也没有改。", cancelExit());
   }
   const backup = backupFolder(ROOT);
   for (const file of changed) {
