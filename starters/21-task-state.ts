@@ -1,6 +1,6 @@
 // 任务状态机（脚手架）：一次任务执行被建模成一串离散、可记录的状态迁移。
 //
-// 类型已经给全。你要写的是：迁移表本身（照种子填）、isTerminal / canTransition、createTask 与 transition。
+// 类型已经给全。你要写的是：迁移表本身（照讲义 Lab 21.1 列出的出边填）、isTerminal / canTransition、createTask 与 transition。
 // transition 必须是纯函数：先查表，不合法就在产生任何东西之前抛出 InvalidTransition；
 // 合法时交回一份新快照（版本加一）和一条事件。这个文件不碰磁盘，也不读时钟。
 
@@ -25,7 +25,7 @@ export const TASK_STATES: readonly TaskState[] = Object.freeze([
 
 /**
  * 每个状态允许去往哪些状态；终态（completed / failed / cancelled）没有出边。
- * Lab 21.1：照种子 3.2 节的表填上每一行（目前全是空的），整张表和每一行都冻结。
+ * Lab 21.1：照讲义 Lab 21.1 列出的出边填上每一行（目前全是空的），整张表和每一行都冻结。
  */
 export const TASK_TRANSITIONS: Readonly<Record<TaskState, readonly TaskState[]>> = Object.freeze({
   pending: [],

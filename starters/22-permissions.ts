@@ -28,7 +28,7 @@ declare module "../tool.js" {
 
 export const UNDECLARED_PERMISSION: ToolPermission = "write";
 
-/** 工具调用超时（种子文章的配置表：30 秒），交给 TaskRuntime 的 toolTimeoutMs。 */
+/** 工具调用超时：30 秒（一个常见的生产默认值），交给 TaskRuntime 的 toolTimeoutMs。 */
 export const TOOL_TIMEOUT_MS = 30_000;
 
 /** 拒绝时模型读到的全部内容。 */

@@ -22,7 +22,7 @@ export interface RetryPolicy {
   toolLogic: { maxRetries: number };
 }
 
-// >>> 已给出：种子配置表里的出厂设置与错误文本表（数据，不是算法）
+// >>> 已给出：出厂设置（常见的生产默认值）与错误文本表（数据，不是算法）
 export const DEFAULT_RETRY_POLICY: RetryPolicy = Object.freeze({
   transient: Object.freeze({ maxRetries: 3, initialDelayMs: 1_000, factor: 2, maxDelayMs: 30_000 }),
   format: Object.freeze({ maxRetries: 2 }),

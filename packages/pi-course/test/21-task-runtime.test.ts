@@ -40,7 +40,7 @@ import { TaskRecorder, TaskRuntime, idempotencyKey, type TaskRuntimeEvent, type 
 /** 只作挂起保护；断言从不依赖耗时。 */
 const HANG_GUARD = { timeout: 10_000 };
 
-/** 种子里的迁移表，逐条写出来对照。 */
+/** 本章规定的迁移表（讲义 Lab 21.1 的那张），逐条写出来对照。 */
 const SEED_TABLE: Record<TaskState, TaskState[]> = {
   pending: ["running", "cancelled"],
   running: ["waiting_tool", "completed", "failed", "paused"],
@@ -216,7 +216,7 @@ function snapshotOf(taskId: string, state: TaskState, version = 1): TaskSnapshot
 // Lab 21.1 · 迁移表与事件
 // ---------------------------------------------------------------------------
 
-test("Lab 21.1 · 迁移表就是种子里的七个状态和那几条边：终态没有出边，表是冻结的", () => {
+test("Lab 21.1 · 迁移表只有七个状态和固定的几条边：终态没有出边，表是冻结的", () => {
   for (const from of TASK_STATES) {
     for (const to of TASK_STATES) {
       assert.equal(canTransition(from, to), SEED_TABLE[from].includes(to), `${from} → ${to}`);
