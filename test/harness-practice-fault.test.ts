@@ -10,6 +10,8 @@ import { loadCheckpoints, totalTests } from "../scripts/model/manifest.js";
 import { ensureHistory } from "../scripts/model/history.js";
 import { PENDING_FAULT, FAULTS_DONE } from "../scripts/model/practice-state.js";
 import { processState } from "../scripts/model/pid.js";
+import { planMutation } from "../scripts/model/faults.js";
+import { failureExcerpt } from "../scripts/model/tests.js";
 import { REPO, at, collect, course, git, learnerEnv, linkNodeModules, realChapter, tempDir, waitFor } from "./harness-helpers.js";
 
 const checkpoints = loadCheckpoints();
@@ -199,4 +201,42 @@ test("fault 被 SIGKILL 后还是僵尸进程（父进程没收尸）：下一�
     parent.stdin!.end();
     await parentDone;
   }
+});
+
+test("fault 摘出的失败行与 lab 显示的相同：断言差异的实际值与期望值两行都在", async () => {
+  const dir = await practiceFolder(true);
+  const file = at(dir, fault.file);
+  const original = await fs.readFile(file, "utf8");
+  const plan = planMutation(fault, original);
+  assert.ok(plan.ok);
+  /** The indented lines under `✗ <fault.test>` in a report. */
+  const under = (stdout: string): string[] => {
+    const all = stdout.split("\n");
+    const start = all.indexOf(`  ✗ ${fault.test}`);
+    assert.ok(start >= 0, stdout);
+    const rest = all.slice(start + 1);
+    const end = rest.findIndex((line) => !line.startsWith("      "));
+    return rest.slice(0, end < 0 ? rest.length : end);
+  };
+  await fs.writeFile(file, plan.mutated);
+  const lab = await course(dir, "lab", [fault.lab]);
+  await fs.writeFile(file, original);
+  const injected = await course(dir, "fault", [chapter.id, fault.id]);
+  assert.equal(injected.code, 0, `${injected.stdout}\n${injected.stderr}`);
+  assert.deepEqual(under(injected.stdout), under(lab.stdout));
+});
+
+test("失败摘录：strictEqual 的差异给出 + 实际值与 - 期望值；深比较跳过的行再多也给出不同的那几行；其他错误取前四行", () => {
+  assert.deepEqual(failureExcerpt("Expected values to be strictly equal:\n+ actual - expected\n\n+ 'new'\n- 'conflict'"), [
+    "Expected values to be strictly equal:", "+ actual - expected", "+ 'new'", "- 'conflict'",
+  ]);
+  const skipped = "Expected values to be strictly deep-equal:\n+ actual - expected ... Lines skipped\n\n  {\n    k0: 0,\n...\n    k14: 14,\n+   k15: 99,\n-   k15: 15,\n    k16: 16,\n...\n  }";
+  assert.deepEqual(failureExcerpt(skipped), [
+    "Expected values to be strictly deep-equal:", "+ actual - expected ... Lines skipped", "+   k15: 99,", "-   k15: 15,",
+  ]);
+  const many = `Expected values to be strictly deep-equal:\n+ actual - expected\n${Array.from({ length: 20 }, (_, i) => `+ 新${i}\n- 旧${i}`).join("\n")}`;
+  const cut = failureExcerpt(many);
+  assert.equal(cut.length, 2 + 12 + 1);
+  assert.equal(cut.at(-1), "… 另有 28 行不同");
+  assert.deepEqual(failureExcerpt("第一行\n\n第二行\n第三行\n第四行\n第五行"), ["第一行", "第二行", "第三行", "第四行"]);
 });
