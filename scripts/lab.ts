@@ -8,7 +8,7 @@ import fs from "node:fs"; // not fs-extra: the lab loop loads these modules on e
 import os from "node:os";
 import path from "node:path";
 import { CourseError, interactive, main, rejectUnknownOptions, takeFlag, takeOption } from "./model/cli.js";
-import { type ChapterSpec, type LabReport, firstWait, formatLabReport, runLab } from "./model/labs.js";
+import { type ChapterSpec, type LabReport, compareLab, firstWait, formatLabReport, runLab } from "./model/labs.js";
 import { loadCheckpoints, parseChapterArg } from "./model/manifest.js";
 import { PACKAGE_DIR, PRACTICE_MANIFEST, ROOT, inTree, isPracticeRoot } from "./model/paths.js";
 import { faultLine, readFaultsDone, tamperedTests } from "./model/practice-state.js";
@@ -32,22 +32,48 @@ function courseRootBanner(id: string, arg: string, after = false): string {
   return `这里是课程仓库：${after ? "上面" : "下面"}跑的是课程自己的答案，不是你的代码。${where}`;
 }
 
-function chapterSpec(id: string): ChapterSpec {
+/** The chapter ids of the course this practice folder came from, when that checkout is still there. */
+function courseChapters(courseRoot: string | undefined): string[] | undefined {
+  if (!courseRoot) return undefined;
+  try {
+    return fs.readdirSync(path.join(courseRoot, "checkpoints")).map((name) => /^(\d{2})-/.exec(name)?.[1]).filter((id): id is string => id !== undefined);
+  } catch {
+    return undefined;
+  }
+}
+
+/** Lab ids of an earlier chapter in a practice folder, read from its test file's titles (no manifest here). */
+function earlierLabs(id: string): string[] {
+  const dir = inTree(ROOT, `${PACKAGE_DIR}/test`);
+  const file = fs.existsSync(dir) ? fs.readdirSync(dir).find((name) => name.startsWith(`${id}-`) && name.endsWith(".test.ts")) : undefined;
+  if (!file) return [];
+  const source = fs.readFileSync(path.join(dir, file), "utf8");
+  return [...new Set([...source.matchAll(/\btest\(\s*["'`]Lab (\d+\.\d+) · /g)].map((m) => m[1]!))].sort(compareLab);
+}
+
+function chapterSpec(id: string, lab?: string): ChapterSpec {
   if (isPracticeRoot()) {
     const practice = readPracticeManifest(ROOT);
     if (practice.id === id) {
       missingTeachingFile(practice);
       return practice;
     }
+    const chapters = courseChapters(practice.courseRoot);
+    // A chapter the course does not have gets the course root's answer, and no command that could not work.
+    if (chapters !== undefined && !chapters.includes(id)) throw new CourseError(`找不到 checkpoint ${id}；可用的章节：${chapters.sort().join(" ")}`, 2);
     if (Number(id) > Number(practice.id)) {
-      const course = practice.courseRoot ? `cd ${quotePath(practice.courseRoot)} && ` : "在课程仓库里运行 ";
-      throw new CourseError(`这个练习目录是第 ${practice.id} 章的，还没有第 ${id} 章的测试。第 ${id} 章另建一个练习目录：${course}npm run practice -w @pi/course -- ${id} ../pi-practice-${id}`, 2);
+      if (chapters === undefined)
+        throw new CourseError(`这个练习目录是第 ${practice.id} 章的，没有第 ${id} 章的测试。回到课程仓库，用 npm run checkpoint -w @pi/course 查看有哪些章节，再为那一章建练习目录。`, 2);
+      throw new CourseError(`这个练习目录是第 ${practice.id} 章的，还没有第 ${id} 章的测试。第 ${id} 章另建一个练习目录：cd ${quotePath(practice.courseRoot!)} && npm run practice -w @pi/course -- ${id} ../pi-practice-${id}`, 2);
     }
     // Earlier chapters have no manifest here: their labs are read from the test titles instead.
+    const labs = earlierLabs(id);
+    if (lab && labs.length > 0 && !labs.includes(lab)) throw new CourseError(`第 ${id} 章没有 Lab ${lab}；本章的 lab：${labs.join("、")}`, 2);
     return { id };
   }
-  const found = loadCheckpoints().find((c) => c.id === id);
-  if (!found) throw new CourseError(`找不到 checkpoint ${id}；${USAGE}`, 2);
+  const checkpoints = loadCheckpoints();
+  const found = checkpoints.find((c) => c.id === id);
+  if (!found) throw new CourseError(`找不到 checkpoint ${id}；可用的章节：${checkpoints.map((c) => c.id).join(" ")}`, 2);
   return found;
 }
 
@@ -74,7 +100,7 @@ function nextSteps(practice: PracticeManifest): string[] {
 /** One verdict; `produce` makes it (a cold build and test run, or the next build of the watch loop). */
 async function once(id: string, lab: string | undefined, watching = false,
   produce: (spec: ChapterSpec) => Promise<LabReport> = (spec) => runLab(ROOT, spec, lab)): Promise<boolean> {
-  const spec = chapterSpec(id);
+  const spec = chapterSpec(id, lab);
   const inPractice = isPracticeRoot();
   const arg = lab ?? String(Number(id));
   const banner = inPractice ? undefined : courseRootBanner(id, arg);

@@ -3,7 +3,7 @@
 // Built in a temporary sibling and renamed into place at the end (destination.ts): an interrupted run leaves
 // nothing behind, a file that appears in the folder meanwhile is never deleted, and one run at a time per folder.
 import path from "node:path";
-import { CourseError, main, rejectUnknownOptions } from "./model/cli.js";
+import { CourseError, cancelExit, main, rejectUnknownOptions } from "./model/cli.js";
 import { chapterNumber, findCheckpoint, focusedGlob, loadCheckpoints } from "./model/manifest.js";
 import { ensureHistory, quietGit } from "./model/history.js";
 import { ROOT, isInside, resolveFromCaller } from "./model/paths.js";
@@ -23,7 +23,7 @@ await main(async (args) => {
     const picked = await pickChapter(checkpoints, "为哪一章建练习目录？");
     const folder = await askFolder(`../pi-practice-${picked.id}`);
     const shownDest = resolveFromCaller(folder);
-    if (!(await confirm(`在 ${shownDest} 创建第 ${picked.id} 章的练习目录？`))) throw new CourseError("已取消，什么也没有创建。", 130);
+    if (!(await confirm(`在 ${shownDest} 创建第 ${picked.id} 章的练习目录？`))) throw new CourseError("已取消，什么也没有创建。", cancelExit());
     args.push(picked.id, folder);
   }
   if (args.length < 1 || args.length > 2) throw new CourseError(USAGE, 2);

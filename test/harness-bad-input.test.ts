@@ -63,6 +63,17 @@ test("240 个字符的目录名可以用（临时目录名不会超长）；超�
   assert.deepEqual((await fs.readdir(caller)).sort(), ["c".repeat(240), legal].sort(), "失败的运行不应留下任何东西");
 });
 
+test("练习目录的整条路径超过系统上限（每一段都不长）：一行说明，途中建出的上级目录全部删掉", async () => {
+  const caller = await freshDir(scratch, "long-path");
+  // 20 levels of 250 bytes: each name is legal, the whole path (about 5000 bytes) is over Linux's 4096.
+  const deep = Array.from({ length: 20 }, (_, index) => `${String(index).padStart(2, "0")}${"d".repeat(248)}`).join("/");
+  for (const [command, args] of [["practice", [chapter.id, `${deep}/p`]], ["checkpoint", [chapter.id, "--checkout", `${deep}/c`]]] as const) {
+    const result = await course(REPO, command, [...args], { caller });
+    assertOneLine(result, /^路径太长（ENAMETOOLONG）：/);
+    assert.deepEqual(await fs.readdir(caller), [], `${command} 不应留下它建出的上级目录`);
+  }
+});
+
 test("上一级是一个文件、目标是悬空的符号链接、上一级是悬空的符号链接：各一行说明，什么也不创建", async () => {
   const caller = await freshDir(scratch, "in-the-way");
   await fs.writeFile(path.join(caller, "file"), "x\n");

@@ -9,7 +9,8 @@ import path from "node:path";
 import fs from "fs-extra";
 import { loadCheckpoints } from "../scripts/model/manifest.js";
 import { ensureHistory } from "../scripts/model/history.js";
-import { processAlive } from "../scripts/model/cleanup.js";
+import { processAlive, tryLock } from "../scripts/model/cleanup.js";
+import { processState } from "../scripts/model/pid.js";
 import { PACKAGE, REPO, at, collect, course, freshDir, learnerEnv, realChapter, tempDir, waitFor } from "./harness-helpers.js";
 
 const checkpoints = loadCheckpoints();
@@ -144,5 +145,31 @@ test("npm 被杀后留下的 sh 与命令：命令从 /proc 读到的进程链�
     assert.deepEqual(await fs.readdir(caller), []);
   } finally {
     try { process.kill(-shell.pid!, "SIGKILL"); } catch { /* the group is gone */ }
+  }
+});
+
+test("锁的主人是僵尸进程（被杀了、父进程还没收尸）或已不存在：锁算作过期，下一次运行接手；活着的主人照旧挡住", async () => {
+  // python3 starts `sleep` and reaps it only once its own stdin closes: killed, the sleep stays a zombie meanwhile.
+  const parent = spawn("python3", ["-c", "import os, sys\npid = os.posix_spawnp('sleep', ['sleep', '120'], os.environ)\nprint(pid, flush=True)\nsys.stdin.read()\nos.waitpid(pid, 0)"], { stdio: ["pipe", "pipe", "inherit"] });
+  const parentDone = collect(parent);
+  const dir = await freshDir(scratch, "zombie-lock");
+  try {
+    const pid = await new Promise<number>((resolve) => parent.stdout!.once("data", (chunk: Buffer | string) => resolve(Number(String(chunk).trim()))));
+    const file = path.join(dir, "work.lock");
+    await fs.writeFile(file, `${pid}\n`);
+    const held = tryLock(file);
+    assert.deepEqual(held.ok ? "taken" : held.holder, pid, "主人活着：锁不能被拿走");
+    process.kill(pid, "SIGKILL");
+    await waitFor(`进程 ${pid} 成为僵尸`, () => (processState(pid) === "Z" ? true : undefined));
+    assert.equal(processAlive(pid), false, "僵尸不算活着");
+    const taken = tryLock(file);
+    assert.ok(taken.ok, "僵尸持有的锁应算作过期");
+    assert.equal((await fs.readFile(file, "utf8")).trim(), String(process.pid));
+    taken.release();
+    assert.equal(fs.existsSync(file), false);
+    assert.equal(processState(pid), "Z", "检查时它一直是僵尸");
+  } finally {
+    parent.stdin!.end();
+    await parentDone;
   }
 });

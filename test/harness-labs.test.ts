@@ -38,6 +38,8 @@ before(async () => {
     "// Every test that actually runs leaves its title in the file named by PI_COURSE_TEST_MARKS.",
     "const mark = (title: string): void => appendFileSync(process.env.PI_COURSE_TEST_MARKS!, `${title}\\n`);",
     ...titles.map((title) => `test(${JSON.stringify(title)}, () => mark(${JSON.stringify(title)}));`),
+    "// Lab 1.3 is in the source (so lab does not refuse it up front) but never registers a test at run time.",
+    'if (process.env.PI_COURSE_NEVER_SET === "1") test("Lab 1.3 · 只写在源码里", () => mark("Lab 1.3"));',
     "",
   ].join("\n"));
   // Chapter 02's folder: chapter 01 has no manifest here, so its labs come from the test titles.
@@ -88,6 +90,12 @@ test("一个 lab 模式一个测试也没匹配到：是错误（退出码非 0�
   assert.match(result.stdout, /^Lab 1\.3: 0\/0$/m);
   assert.ok(result.stdout.includes('没有匹配到任何测试：测试标题必须以 "Lab 1.3 · " 开头。'), result.stdout);
   assert.doesNotMatch(result.stdout, /全部通过/);
+
+  // A lab the earlier chapter's test file does not name at all is refused before any build, as in the course root.
+  const absent = await labIn(synthetic, ["1.4"]);
+  assert.equal(absent.code, 2);
+  assert.equal(absent.stdout, "");
+  assert.equal(absent.stderr.trim(), "第 01 章没有 Lab 1.4；本章的 lab：1.1、1.3、1.10");
 });
 
 test(`真实练习目录：lab ${n}.1 报出清单里的第一次红灯，退出码非 0（用 npm run lab 运行）`, async () => {

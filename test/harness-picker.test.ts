@@ -7,7 +7,7 @@ import path from "node:path";
 import fs from "fs-extra";
 import { loadCheckpoints } from "../scripts/model/manifest.js";
 import { ensureHistory } from "../scripts/model/history.js";
-import { PACKAGE, REPO, collect, course, learnerEnv, linkNodeModules, realChapter, tempDir } from "./harness-helpers.js";
+import { PACKAGE, REPO, collect, course, learnerEnv, linkNodeModules, realChapter, run, tempDir } from "./harness-helpers.js";
 
 const checkpoints = loadCheckpoints();
 const chapter = realChapter(checkpoints);
@@ -78,8 +78,9 @@ test("practice：选章节、输入目录、确认后才创建；在确认处回
     { when: "练习目录放在哪里", keys: `refused${ENTER}` },
     { when: "创建第", keys: "n" },
   ], scratch);
-  assert.equal(no.code, 130, no.screen);
-  assert.match(no.screen, /已取消/);
+  // A deliberate "no" at a terminal: our own line is the last one, exit 0, no npm error block after it.
+  assert.equal(no.code, 0, no.screen);
+  assert.match(no.screen, /已取消，什么也没有创建。/);
   assert.ok(!fs.existsSync(path.join(scratch, "refused")));
 
   const piped = await course(REPO, "practice", [], { caller: scratch });
@@ -97,7 +98,8 @@ test("lab：练习目录里不带 lab 时列出本章的 lab 和各自的状态�
   // The run above is remembered: the picker now shows that lab's state.
   const again = await inTerminal(practice, "lab", [{ when: "运行哪一个 lab", keys: "\u001b" }]);
   assert.ok(again.screen.includes(`✗ 0/${chapter.labs[0]!.count}`), again.screen);
-  assert.equal(again.code, 130);
+  assert.equal(again.code, 0, "Esc 是有意的取消：终端里退出码为 0");
+  assert.match(again.screen, /已取消，什么也没有做。/);
   const piped = await course(practice, "lab", []);
   assert.equal(piped.code, 2);
   assert.match(piped.stderr, /用法：npm run lab/);
@@ -133,4 +135,34 @@ test("reset：终端里先问，问题里写明哪些 lab 会回到脚手架；�
   const forced = await course(practice, "reset", [String(Number(chapter.id)), "--yes"]);
   assert.equal(forced.code, 0, forced.stderr);
   assert.equal(await fs.readFile(full, "utf8"), starter);
+});
+
+/** `argv` (node and its arguments) in a pseudo-terminal, nothing typed; from `cwd`. */
+async function plainInTerminal(cwd: string, argv: string[], env: Record<string, string> = {}): Promise<{ code: number | null; screen: string }> {
+  const script = [process.execPath, ...argv].map((part) => JSON.stringify(part)).join(" ");
+  const full = learnerEnv({ INIT_CWD: cwd, TERM: "xterm", ...env });
+  if (env.CI === undefined) delete full.CI;
+  const child = spawn("script", ["-qefc", script, "/dev/null"], { cwd, env: full, stdio: ["pipe", "pipe", "pipe"] });
+  let screen = "";
+  child.stdout!.setEncoding("utf8").on("data", (chunk: string) => { screen += chunk; });
+  const result = await collect(child, 90_000);
+  return { code: result.code, screen };
+}
+
+test("demo 与 trace 的用法错误：终端里打印用法后以 0 退出（npm 不再追加错误块）；CI 与管道里仍是 2", async () => {
+  const pkg = path.join(REPO, PACKAGE);
+  const cases: Array<[string[], RegExp]> = [
+    [["--import", "tsx", "src/demo/main.ts", "no-such-demo"], /用法：npm run demo/],
+    [["--import", "tsx", "src/orchestration/trace-cli.ts"], /用法：npm run trace/],
+  ];
+  for (const [argv, usage] of cases) {
+    const terminal = await plainInTerminal(pkg, argv);
+    assert.equal(terminal.code, 0, terminal.screen);
+    assert.match(terminal.screen, usage);
+    const ci = await plainInTerminal(pkg, argv, { CI: "true" });
+    assert.equal(ci.code, 2, ci.screen);
+    const piped = await run(process.execPath, argv, { cwd: pkg });
+    assert.equal(piped.code, 2, piped.stdout + piped.stderr);
+    assert.match(piped.stdout + piped.stderr, usage);
+  }
 });

@@ -9,6 +9,9 @@ import fs from "fs-extra";
 import { loadCheckpoints, totalTests } from "../scripts/model/manifest.js";
 import { ensureHistory } from "../scripts/model/history.js";
 import { PENDING_FAULT, FAULTS_DONE } from "../scripts/model/practice-state.js";
+import { processState } from "../scripts/model/pid.js";
+import { planMutation } from "../scripts/model/faults.js";
+import { failureExcerpt } from "../scripts/model/tests.js";
 import { REPO, at, collect, course, git, learnerEnv, linkNodeModules, realChapter, tempDir, waitFor } from "./harness-helpers.js";
 
 const checkpoints = loadCheckpoints();
@@ -155,4 +158,85 @@ test("中断之后学习者又改了文件：保留学习者的版本，注入�
   const backup = /存在 (\S+)。$/.exec(first)![1]!.replace(/^'|'$/g, "");
   assert.deepEqual(await fs.readFile(path.join(dir, backup)), original);
   assert.ok((await fs.readFile(at(dir, fault.file), "utf8")).endsWith("// 我后来加的一行\n"));
+});
+
+// A parent that does not reap its child, as npm's `sh -c` is for a moment after a SIGKILL: the killed fault run stays a
+// zombie, and kill(pid, 0) still succeeds on it. Python starts the run and waits for it only once its stdin closes.
+const NO_REAP = [
+  "import os, sys",
+  "devnull = [(os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_WRONLY, 0) for fd in (1, 2)]",
+  "pid = os.posix_spawn(sys.argv[1], sys.argv[1:], os.environ, file_actions=devnull)",
+  "print(pid, flush=True)",
+  "sys.stdin.read()",
+  "os.waitpid(pid, 0)",
+].join("\n");
+
+test("fault 被 SIGKILL 后还是僵尸进程（父进程没收尸）：下一次 lab 仍把它当作已结束，恢复文件并且全绿", async () => {
+  const dir = await practiceFolder(true);
+  const original = await fs.readFile(at(dir, fault.file), "utf8");
+  const parent = spawn("python3", ["-c", NO_REAP, process.execPath, "--import", "tsx", path.join(dir, "scripts", "fault.ts"), chapter.id, fault.id], {
+    cwd: at(dir, "packages/pi-course"), stdio: ["pipe", "pipe", "pipe"],
+    env: learnerEnv({ INIT_CWD: dir, PI_COURSE_FAULT_PAUSE_MS: "60000" }),
+  });
+  const parentDone = collect(parent);
+  try {
+    const pid = await new Promise<number>((resolve, reject) => {
+      parent.stdout!.once("data", (chunk: Buffer | string) => resolve(Number(String(chunk).trim())));
+      parent.once("exit", () => reject(new Error("python3 没有启动 fault 就退出了")));
+    });
+    await waitFor("变异写进学习者的文件", () =>
+      fs.existsSync(path.join(dir, PENDING_FAULT)) && fs.readFileSync(at(dir, fault.file), "utf8") !== original ? true : undefined);
+    process.kill(pid, "SIGKILL");
+    await waitFor(`进程 ${pid} 成为僵尸`, () => (processState(pid) === "Z" ? true : undefined));
+
+    const lab = await course(dir, "lab", [String(n)]);
+    assert.equal(lab.code, 0, `${lab.stdout}\n${lab.stderr}`);
+    assert.equal(lab.stdout.split("\n")[0], `上一次故障练习 ${fault.id} 被中断：已把 ${fault.file} 恢复成注入前的内容。`);
+    const total = totalTests(chapter);
+    assert.match(lab.stdout, new RegExp(`^chapter total: ${total}/${total}$`, "m"));
+    assert.equal(await fs.readFile(at(dir, fault.file), "utf8"), original);
+    assert.equal(fs.existsSync(path.join(dir, PENDING_FAULT)), false);
+    assert.equal(processState(pid), "Z", "整个过程中 fault 一直是僵尸：测的正是僵尸这种情况");
+  } finally {
+    parent.stdin!.end();
+    await parentDone;
+  }
+});
+
+test("fault 摘出的失败行与 lab 显示的相同：断言差异的实际值与期望值两行都在", async () => {
+  const dir = await practiceFolder(true);
+  const file = at(dir, fault.file);
+  const original = await fs.readFile(file, "utf8");
+  const plan = planMutation(fault, original);
+  assert.ok(plan.ok);
+  /** The indented lines under `✗ <fault.test>` in a report. */
+  const under = (stdout: string): string[] => {
+    const all = stdout.split("\n");
+    const start = all.indexOf(`  ✗ ${fault.test}`);
+    assert.ok(start >= 0, stdout);
+    const rest = all.slice(start + 1);
+    const end = rest.findIndex((line) => !line.startsWith("      "));
+    return rest.slice(0, end < 0 ? rest.length : end);
+  };
+  await fs.writeFile(file, plan.mutated);
+  const lab = await course(dir, "lab", [fault.lab]);
+  await fs.writeFile(file, original);
+  const injected = await course(dir, "fault", [chapter.id, fault.id]);
+  assert.equal(injected.code, 0, `${injected.stdout}\n${injected.stderr}`);
+  assert.deepEqual(under(injected.stdout), under(lab.stdout));
+});
+
+test("失败摘录：strictEqual 的差异给出 + 实际值与 - 期望值；深比较跳过的行再多也给出不同的那几行；其他错误取前四行", () => {
+  assert.deepEqual(failureExcerpt("Expected values to be strictly equal:\n+ actual - expected\n\n+ 'new'\n- 'conflict'"), [
+    "Expected values to be strictly equal:", "+ actual - expected", "+ 'new'", "- 'conflict'",
+  ]);
+  const skipped = "Expected values to be strictly deep-equal:\n+ actual - expected ... Lines skipped\n\n  {\n    k0: 0,\n...\n    k14: 14,\n+   k15: 99,\n-   k15: 15,\n    k16: 16,\n...\n  }";
+  assert.deepEqual(failureExcerpt(skipped), [
+    "Expected values to be strictly deep-equal:", "+ actual - expected ... Lines skipped", "+   k15: 99,", "-   k15: 15,",
+  ]);
+  const many = `Expected values to be strictly deep-equal:\n+ actual - expected\n${Array.from({ length: 20 }, (_, i) => `+ 新${i}\n- 旧${i}`).join("\n")}`;
+  const cut = failureExcerpt(many);
+  assert.equal(cut.length, 2 + 12 + 1);
+  assert.equal(cut.at(-1), "… 另有 28 行不同");
+  assert.deepEqual(failureExcerpt("第一行\n\n第二行\n第三行\n第四行\n第五行"), ["第一行", "第二行", "第三行", "第四行"]);
 });

@@ -5,7 +5,7 @@ import path from "node:path";
 import fs from "fs-extra";
 import { loadCheckpoints } from "../scripts/model/manifest.js";
 import { ensureHistory } from "../scripts/model/history.js";
-import { REPO, at, copyCourse, course, lines, realChapter, tempDir, freshDir } from "./harness-helpers.js";
+import { REPO, at, copyCourse, course, lines, linkNodeModules, realChapter, tempDir, freshDir } from "./harness-helpers.js";
 
 const checkpoints = loadCheckpoints();
 const chapter = realChapter(checkpoints);
@@ -127,4 +127,25 @@ test("清单坏了一个字段：报出文件与字段，所有命令都拒绝",
   assert.deepEqual(lines(mismatch.stderr), [
     `清单无效：checkpoints/${chapter.folder}/checkpoint.json 的字段 labs[0].tests 列出了 ${chapter.labs[0]!.count} 个测试，但 count 是 7`,
   ]);
+});
+
+test("练习目录里点名别的章节：不存在的章节和不存在的 lab 得到与课程仓库相同的一行回答，不构建，也不建议跑不通的命令", async () => {
+  const later = checkpoints.find((c) => Number(c.id) > Number(chapter.id))!;
+  const caller = await fresh("other-chapter");
+  const made = await course(REPO, "practice", [later.id, "p"], { caller });
+  assert.equal(made.code, 0, made.stderr);
+  const dir = path.join(caller, "p");
+  await linkNodeModules(dir);
+  const n = Number(chapter.id);
+  for (const args of [["99.1"], ["99"], [`${n}.9`]]) {
+    const [inPractice, inCourse] = await Promise.all([course(dir, "lab", args), course(REPO, "lab", args)]);
+    assert.equal(inPractice.code, 2, `${args.join(" ")}：${inPractice.stdout}${inPractice.stderr}`);
+    assert.equal(inPractice.stdout, "", "拒绝时不应开始构建或运行测试");
+    const answer = lines(inPractice.stderr);
+    assert.equal(answer.length, 1, inPractice.stderr);
+    assert.deepEqual(answer, lines(inCourse.stderr), `lab ${args.join(" ")} 在练习目录与课程仓库里的回答应相同`);
+    assert.doesNotMatch(answer[0]!, /npm run practice/, "不存在的章节不应建议为它建练习目录");
+  }
+  assert.equal(lines((await course(dir, "lab", ["99.1"])).stderr)[0], `找不到 checkpoint 99；可用的章节：${ids}`);
+  assert.match(lines((await course(dir, "lab", [`${n}.9`])).stderr)[0]!, new RegExp(`^第 ${chapter.id} 章没有 Lab ${n}\\.9；本章的 lab：${chapter.labs.map((l) => l.id.replace(".", "\\.")).join("、")}$`));
 });

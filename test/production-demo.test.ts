@@ -17,6 +17,7 @@ async function demo(): Promise<string> {
 
 test("第 22 章演示：子进程说 ready 之后被 SIGKILL，恢复后任务完成、账本只有一行；输出确定，不含路径与时间", async () => {
   const first = await demo();
+  assert.equal(first.split("\n")[0], "=== 第 22 章 · 失败处理与守护栏：限流重试、子进程被杀、从检查点恢复 ===", "第一行是章节标题，和其他演示一样");
   assert.match(first, /子进程退出信号：SIGKILL/);
   assert.match(first, /模型回复 #1：error → 归类为 transient，退避后重试/);
   assert.match(first, /模型请求 #2（第 1 次重试）/);

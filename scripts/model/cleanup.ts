@@ -8,15 +8,9 @@ import fs from "node:fs"; // not fs-extra: the lab loop loads this module on eve
 import os from "node:os";
 import path from "node:path";
 import { CourseError } from "./cli.js";
+import { processAlive } from "./pid.js";
 
-export function processAlive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (error) {
-    return (error as NodeJS.ErrnoException).code === "EPERM";
-  }
-}
+export { processAlive };
 
 const SIGNALS = ["SIGINT", "SIGTERM", "SIGHUP"] as const;
 /** What to undo on the way out, in registration order (undone newest first). */

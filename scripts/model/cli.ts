@@ -113,6 +113,16 @@ export function rejectUnknownOptions(args: string[]): void {
   if (unknown) throw new CourseError(`不认识的选项：${unknown}`, 2);
 }
 
+/**
+ * The exit code of a deliberate cancel (Esc or Ctrl-C in a picker, "no" to a question): 0 at a learner's terminal,
+ * as lab's red run — our own "已取消" line stays the last one instead of npm's "Lifecycle script failed" block —
+ * and 130 for scripts and CI, which must not read a cancel as work done.
+ */
+export function cancelExit(): number {
+  const ci = process.env.CI !== undefined && process.env.CI !== "" && process.env.CI !== "false" && process.env.CI !== "0";
+  return process.stdout.isTTY && !ci ? 0 : 130;
+}
+
 /** A person at a terminal: stdin and stdout are TTYs and this is not CI (then pickers may ask instead of failing). */
 export function interactive(): boolean {
   return Boolean(process.stdin.isTTY && process.stdout.isTTY) && !process.env.CI;

@@ -74,7 +74,17 @@ function createParents(dir: string): string[] {
     missing.unshift(at);
     if (path.dirname(at) === at) break;
   }
-  for (const folder of missing) fs.mkdirSync(folder);
+  // A folder deep down may still fail (the whole path over PATH_MAX, a full disk): undo the ones made before it.
+  const made: string[] = [];
+  try {
+    for (const folder of missing) {
+      fs.mkdirSync(folder);
+      made.push(folder);
+    }
+  } catch (error) {
+    removeIfEmpty(made);
+    throw error;
+  }
   return missing;
 }
 

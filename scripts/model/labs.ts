@@ -4,7 +4,7 @@ import fs from "node:fs"; // not fs-extra: the lab loop loads these modules on e
 import { CourseError } from "./cli.js";
 import { type Lab, labPattern } from "./manifest.js";
 import { PACKAGE_DIR, inTree } from "./paths.js";
-import { type TestOutcome, buildPackage, compiledTest, firstLines, labOf, prepareTests } from "./tests.js";
+import { type TestOutcome, buildPackage, compiledTest, failureExcerpt, firstLines, labOf, prepareTests } from "./tests.js";
 import type { TestReuse } from "./test-reuse.js";
 
 export interface ChapterSpec { id: string; focusedTest?: string; labs?: Lab[] }
@@ -130,7 +130,7 @@ export function formatLabReport(report: LabReport, whole: boolean, faultLines: s
         lines.push(`      先完成 Lab ${other.lab}（npm run lab -w @pi/course -- ${other.lab}），这项测试才测得到 Lab ${v.lab} 自己的代码。`);
         continue;
       }
-      for (const line of firstLines(o.error, 4).split("\n")) lines.push(`      ${line}`);
+      for (const line of failureExcerpt(o.error)) lines.push(`      ${line}`);
     }
   }
   if (whole) {

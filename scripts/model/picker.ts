@@ -2,7 +2,7 @@
 // a picker (prompts) instead of the usage line. Without a TTY (CI, pipes, scripts) nothing here ever runs, so those
 // commands behave exactly as before.
 import prompts from "prompts";
-import { CourseError } from "./cli.js";
+import { CourseError, cancelExit } from "./cli.js";
 import type { Checkpoint, Lab } from "./manifest.js";
 import type { ProgressState } from "./progress.js";
 
@@ -10,7 +10,7 @@ export { interactive } from "./cli.js";
 
 /** Ctrl-C or Esc in a prompt: stop with one line, nothing done. */
 function cancelled(): never {
-  throw new CourseError("已取消，什么也没有做。", 130);
+  throw new CourseError("已取消，什么也没有做。", cancelExit());
 }
 
 async function ask<T>(question: Omit<prompts.PromptObject, "name">): Promise<T> {

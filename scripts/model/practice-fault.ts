@@ -11,7 +11,7 @@ import { runLab } from "./labs.js";
 import { inTree } from "./paths.js";
 import { PENDING_FAULT, faultLine, recordFaultDone, recoverPendingFault } from "./practice-state.js";
 import type { PracticeManifest } from "./practice-manifest.js";
-import { firstLines } from "./tests.js";
+import { failureExcerpt, firstLines } from "./tests.js";
 import type { TestReuse } from "./test-reuse.js";
 
 export type Log = (line: string) => void;
@@ -57,7 +57,7 @@ export async function exercise(root: string, spec: Pick<PracticeManifest, "focus
   log(`  聚焦测试：${run.outcomes.length - red.length}/${run.outcomes.length} 通过`);
   for (const o of red) {
     log(`  ✗ ${o.name}`);
-    for (const line of firstLines(o.error).split("\n")) log(`      ${line}`);
+    for (const line of failureExcerpt(o.error)) log(`      ${line}`);
   }
   log(`④ 已恢复 ${fault.file}，重新构建并运行 "${fault.test}"：`);
   const green = await greenAgain(root, spec, [fault.test], reuse);

@@ -5,6 +5,7 @@ import { createHash } from "node:crypto";
 import path from "node:path";
 import fs from "node:fs";
 import { PRACTICE_MANIFEST, inTree } from "./paths.js";
+import { processAlive } from "./pid.js";
 import { quotePath } from "./quote.js";
 
 /** Beside the folder's manifest: written before a mutation reaches the learner's file, removed after the restore. */
@@ -48,15 +49,6 @@ export function writeDurably(file: string, text: string | Buffer): void {
   fs.renameSync(temp, file);
 }
 
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (error) {
-    return (error as NodeJS.ErrnoException).code === "EPERM";
-  }
-}
-
 /** A timestamped folder under pi-practice-backup/ (created on first use). */
 export function backupFolder(root: string): string {
   const stamp = new Date().toISOString().replace(/[:.]/g, "-");
@@ -79,7 +71,7 @@ export function recoverPendingFault(root: string): string | undefined {
     fs.rmSync(record, { force: true });
     return `删除了一份读不出来的故障恢复记录（${PENDING_FAULT}）；如果某个文件看起来被改过，用 git diff 检查。`;
   }
-  if (pending.pid !== process.pid && alive(pending.pid))
+  if (pending.pid !== process.pid && processAlive(pending.pid))
     return `故障练习 ${pending.fault} 正在另一个进程（pid ${pending.pid}）里运行，${pending.file} 此刻是注入了故障的版本；等它结束再运行。`;
   const file = inTree(root, pending.file);
   fs.rmSync(`${file}.tmp-${pending.pid}`, { force: true }); // a replacement that was cut short before its rename

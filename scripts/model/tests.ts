@@ -94,3 +94,21 @@ export function labOf(title: string): string | undefined {
 export function firstLines(text: string, max = 3): string {
   return text.split("\n").map((line) => line.trimEnd()).filter((line) => line.trim() !== "").slice(0, max).join("\n");
 }
+
+/** At most this many changed lines of an assertion diff are shown. */
+const DIFF_LINES = 12;
+
+/**
+ * The lines of a failed test that `lab` and `fault` both print: for an assertion diff (`+ actual - expected`), the
+ * heading and every changed line — the actual value and the expected one, however many unchanged lines node put
+ * between or before them (`… Lines skipped`); for anything else, the first four lines.
+ */
+export function failureExcerpt(error: string): string[] {
+  const lines = error.split("\n").map((line) => line.trimEnd()).filter((line) => line.trim() !== "");
+  const marker = lines.findIndex((line) => /^\+ actual - expected\b/.test(line));
+  if (marker < 0) return lines.slice(0, 4);
+  const changed = lines.slice(marker + 1).filter((line) => /^[+-]/.test(line));
+  const shown = changed.slice(0, DIFF_LINES);
+  if (changed.length > shown.length) shown.push(`… 另有 ${changed.length - shown.length} 行不同`);
+  return [...lines.slice(0, marker + 1), ...shown];
+}

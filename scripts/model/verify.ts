@@ -16,6 +16,7 @@ import { TestReuse } from "./test-reuse.js";
 import { linkNodeModules } from "./trees.js";
 import { HINT_RUNGS, quotedCodeLines } from "./hints.js";
 import { storedStarterProblems } from "./starter-files.js";
+import { documentCiteFindings } from "./doc-cites.js";
 
 export interface Finding { area: string; message: string }
 export interface CheckpointVerdict { id: string; findings: Finding[]; notes: string[]; ms: number }
@@ -207,6 +208,9 @@ export async function verifyCheckpoint(c: Checkpoint, info: HistoryInfo, work: s
     for (const problem of faultSectionProblems(text, c)) fail("讲义", `${c.guide} 的 ## 故障练习：${problem}`);
     for (const problem of recordFaultLineProblems(text, c)) fail("讲义", `${c.guide} 的 ## 验收清单：${problem}`);
   }
+
+  // learner-facing text names no document the learner does not have (doc-cites.ts)
+  findings.push(...documentCiteFindings(c));
 
   // hint ladder: every lab has its three rungs, and no rung quotes a line of the chapter's solution
   const solutionCode = (await Promise.all(c.teachingFiles.map((file) => showFile(info.dir, ids.target, file)))).join("\n");

@@ -516,7 +516,7 @@ function scrubbedEnvironment(source: NodeJS.ProcessEnv, allowList: readonly stri
 function bashTool(settings: Settings): Tool<{ command: string }, BashDetails> {
   return {
     name: "bash",
-    description: "在 workspace 中运行一条 shell 命令：可取消、有超时、输出有字节上限",
+    description: "以 workspace 为当前目录运行一条 shell 命令：可取消、有超时、输出有字节上限。这不是隔离边界：命令能读写运行它的用户能访问的任何文件",
     schema: objectSchema({ command: stringValue }),
     async execute(parameters, context) {
       return runCommand(settings, parameters.command, context);

@@ -579,6 +579,10 @@ test("Lab 8.5 · bash 在 workspace 里运行，保留退出码，guardrail 拦�
   }
   // 路径中间的 ../（前面不是空白或 ; & |）不算显式越界，命令照常运行。
   assert.equal(expectOk(await run(registry, "bash", { command: "mkdir -p sub && printf ok > sub/../ok.txt && cat ok.txt" })), "ok");
+  // guardrail 只是教学用的粗筛，引号里的绝对路径、cat</abs、cd ..&& 都能绕过它：工具说明不能承诺边界。
+  const description = registry.get("bash")!.description;
+  assert.match(description, /不是隔离边界/, description);
+  assert.doesNotMatch(description, /在 workspace (?:中|里)运行/, description);
   // unrestricted 模式不过 guardrail。
   assert.equal(expectOk(await run(tools(root, { containment: "unrestricted" }), "bash", { command: "cat /dev/null" })), "(exit 0)");
 

@@ -172,6 +172,7 @@ function describe(record: AuditRecord): string {
 }
 
 export async function main(): Promise<void> {
+  console.log("=== 第 22 章 · 失败处理与守护栏：限流重试、子进程被杀、从检查点恢复 ===");
   const dir = await mkdtemp(path.join(os.tmpdir(), "pi-course-22-demo-"));
   try {
     section("一、子进程：提交任务并运行，ship_order 记完账后说 ready");

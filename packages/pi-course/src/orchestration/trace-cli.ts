@@ -128,6 +128,9 @@ export async function main(argv: readonly string[] = process.argv.slice(2)): Pro
 }
 
 // 作为入口运行时（npm run trace，或直接 node 这个文件）才执行；被 import 时不做任何事。
+// 用法不对（2）时，终端前的人已经读到了那一行说明：退出码给 0，npm 就不会在后面追加它的错误块；脚本和 CI 里仍是 2。
 if (process.argv[1] !== undefined && path.resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
-  process.exitCode = await main();
+  const code = await main();
+  const ci = process.env.CI !== undefined && process.env.CI !== "" && process.env.CI !== "false" && process.env.CI !== "0";
+  process.exitCode = code === 2 && process.stdout.isTTY && !ci ? 0 : code;
 }
