@@ -80,6 +80,9 @@ const PAGE_FACTS = `({
   links: [...document.querySelectorAll("a[href]")].map((a) => a.href),
   diagrams: [...document.querySelectorAll(".vp-doc .mermaid")].map((n) => ({
     state: n.dataset.rendered, svg: n.querySelector(":scope > svg") !== null, text: (n.querySelector("svg")?.textContent ?? "").length,
+    // A label taller than the box mermaid measured for it loses its last line.
+    clipped: [...n.querySelectorAll("foreignObject")].filter((f) => f.firstElementChild
+      && f.firstElementChild.getBoundingClientRect().height > f.getBoundingClientRect().height + 2).length,
   })),
   blocks: document.querySelectorAll('.vp-doc div[class*="language-"]').length,
   copies: document.querySelectorAll('.vp-doc div[class*="language-"] > button.copy').length,
@@ -100,11 +103,12 @@ async function visit(page: Page, url: string): Promise<Visit> {
     // Diagrams render after the page mounts; wait until every placeholder has an outcome.
     await page.waitForFunction(DIAGRAMS_SETTLED, undefined, { timeout: 30_000 });
     const facts = await page.evaluate(PAGE_FACTS) as {
-      ids: string[]; links: string[]; diagrams: Array<{ state?: string; svg: boolean; text: number }>;
+      ids: string[]; links: string[]; diagrams: Array<{ state?: string; svg: boolean; text: number; clipped: number }>;
       blocks: number; copies: number; highlighted: number;
     };
     facts.diagrams.forEach((d, i) => {
       if (d.state !== "svg" || !d.svg || d.text === 0) problems.push(`第 ${i + 1} 张 mermaid 图没有渲染成带文字的 SVG（状态 ${d.state}）`);
+      if (d.clipped > 0) problems.push(`第 ${i + 1} 张 mermaid 图有 ${d.clipped} 个标签比它的框高，文字被截断`);
     });
     if (facts.copies !== facts.blocks) problems.push(`${facts.blocks} 个代码块只有 ${facts.copies} 个复制按钮`);
     if (facts.blocks > 0 && facts.highlighted === 0) problems.push("代码块没有语法高亮");
