@@ -87,9 +87,11 @@ const PAGE_FACTS = `({
   blocks: document.querySelectorAll('.vp-doc div[class*="language-"]').length,
   copies: document.querySelectorAll('.vp-doc div[class*="language-"] > button.copy').length,
   highlighted: document.querySelectorAll(".vp-doc pre.shiki span[style]").length,
+  prev: document.querySelector(".pager-link.prev")?.getAttribute("href") ?? null,
+  next: document.querySelector(".pager-link.next")?.getAttribute("href") ?? null,
 })`;
 
-interface Visit { ids: Set<string>; links: string[]; diagrams: number; problems: string[] }
+interface Visit { ids: Set<string>; links: string[]; diagrams: number; prev: string | null; next: string | null; problems: string[] }
 
 async function visit(page: Page, url: string): Promise<Visit> {
   const problems: string[] = [];
@@ -104,7 +106,7 @@ async function visit(page: Page, url: string): Promise<Visit> {
     await page.waitForFunction(DIAGRAMS_SETTLED, undefined, { timeout: 30_000 });
     const facts = await page.evaluate(PAGE_FACTS) as {
       ids: string[]; links: string[]; diagrams: Array<{ state?: string; svg: boolean; text: number; clipped: number }>;
-      blocks: number; copies: number; highlighted: number;
+      blocks: number; copies: number; highlighted: number; prev: string | null; next: string | null;
     };
     facts.diagrams.forEach((d, i) => {
       if (d.state !== "svg" || !d.svg || d.text === 0) problems.push(`第 ${i + 1} 张 mermaid 图没有渲染成带文字的 SVG（状态 ${d.state}）`);
@@ -112,7 +114,7 @@ async function visit(page: Page, url: string): Promise<Visit> {
     });
     if (facts.copies !== facts.blocks) problems.push(`${facts.blocks} 个代码块只有 ${facts.copies} 个复制按钮`);
     if (facts.blocks > 0 && facts.highlighted === 0) problems.push("代码块没有语法高亮");
-    return { ids: new Set(facts.ids), links: facts.links, diagrams: facts.diagrams.length, problems };
+    return { ids: new Set(facts.ids), links: facts.links, diagrams: facts.diagrams.length, prev: facts.prev, next: facts.next, problems };
   } finally {
     page.off("console", onConsole);
     page.off("pageerror", onError);
@@ -186,14 +188,11 @@ test("课程网站：构建、在 Chromium 里打开每一页，图、链接、�
   }
 
   // Prev / next follow the reading order: home, the two course pages, then every chapter.
+  const want = (r: string | undefined) => (r === undefined ? null : r === "" ? "/" : `/${r}.html`);
   for (const [index, route] of routes.entries()) {
-    if (index === 0) continue;
-    await page.goto(`${server.origin}/${route}.html`, { waitUntil: "load" });
-    const prev = await page.locator(".pager-link.prev").getAttribute("href");
-    const next = index + 1 < routes.length ? await page.locator(".pager-link.next").getAttribute("href") : null;
-    const want = (r: string) => (r === "" ? "/" : `/${r}.html`);
-    if (prev !== want(routes[index - 1]!)) problems.push(`/${route} 的上一页是 ${prev}，应为 ${want(routes[index - 1]!)}`);
-    if (index + 1 < routes.length && next !== want(routes[index + 1]!)) problems.push(`/${route} 的下一页是 ${next}，应为 ${want(routes[index + 1]!)}`);
+    const v = visits.get(`/${route}${route ? ".html" : ""}`)!;
+    if (index > 0 && v.prev !== want(routes[index - 1])) problems.push(`/${route} 的上一页是 ${v.prev}，应为 ${want(routes[index - 1])}`);
+    if (index > 0 && v.next !== want(routes[index + 1])) problems.push(`/${route} 的下一页是 ${v.next}，应为 ${want(routes[index + 1])}`);
   }
 
   const idempotency = await search(page, server.origin, "幂等键");
