@@ -8,6 +8,8 @@ import { ensureHistory } from "./model/history.js";
 import { verifyAll, verifyCourseTable } from "./model/verify.js";
 import { withTempDir } from "./model/trees.js";
 import { TestReuse } from "./model/test-reuse.js";
+import { guideLinkProblems } from "./model/guide-links.js";
+import { ROOT } from "./model/paths.js";
 
 await main(async (args) => {
   const fresh = takeFlag(args, "--fresh");
@@ -36,6 +38,10 @@ await main(async (args) => {
   });
   for (const f of verifyCourseTable(checkpoints)) {
     console.log(`✗ [${f.area}] ${f.message}`);
+    failures += 1;
+  }
+  for (const p of guideLinkProblems(ROOT)) {
+    console.log(`✗ [链接] ${p.file}:${p.line} ${p.href}：${p.problem}`);
     failures += 1;
   }
   const seconds = ((Date.now() - started) / 1000).toFixed(1);
