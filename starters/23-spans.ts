@@ -8,10 +8,10 @@
 //   ├─ tool             一次工具调用：参数摘要、结果摘要、耗时、是否出错
 //   └─ nested           同属一个节点（DAG 节点、计划步骤）的一组调用
 //
-// 摘要先脱敏、再截断；同一份日志还能在新的存储里重放（ScriptedModel + 只回放记录的工具）。
+// 摘要先脱敏（第 05 章的 redactSecrets）、再截断；同一份日志还能在新的存储里重放（ScriptedModel + 只回放记录的工具）。
 //
 // 已给出：类型与常量、读补充信息的小函数、messageText、打印（formatSpanLine / formatSpanTree）、readTaskLog、recordedTools。
-// 留给你（都抛出 `Lab 23.4 … 尚未实现`）：redactSecrets、digest、estimateCost、buildSpanTree、scriptFromLog、replayTask。
+// 留给你（都抛出 `Lab 23.4 … 尚未实现`）：digest、estimateCost、buildSpanTree、scriptFromLog、replayTask。
 
 import { type ScriptedTurn } from "../scripted-model.js";
 import { objectSchema, type Tool } from "../tool.js";
@@ -93,17 +93,14 @@ function labError(name: string): Error {
   return new Error(`Lab 23.4 ${name} 尚未实现`);
 }
 
-/**
- * 遮住文本里的秘密。按顺序：调用方点名的秘密值（原文与 URL 编码）、Bearer 凭据、名字像口令的 key=value / "key": "value"、
- * 几种常见的密钥形状（sk-…、ghp_…、AKIA…、xoxb-…）。只替换，不截断：截断是摘要的事，而且必须在这之后。
- */
-export function redactSecrets(text: string, secrets: readonly string[] = []): string {
-  void text;
-  void secrets;
-  throw labError("redactSecrets");
-}
+/** 摘要最多对原文的这么多个字符做脱敏与折叠；更长的原文，超出的部分只计数，不复制、不进预览。 */
+export const DIGEST_SCAN_LIMIT = 256 * 1024;
 
-/** 有界摘要：脱敏 → 空白折叠成一个空格 → 超过上限时截断，末尾写上原文一共多少字符。 */
+/**
+ * 有界摘要：脱敏（第 05 章的 redactSecrets，从 ../provider-adapter.js 导入）→ 空白折叠成一个空格 → 超过上限时截断，
+ * 末尾写上折叠后一共多少字符。只有前 DIGEST_SCAN_LIMIT 个字符（切在空白处）被脱敏和复制，其余只数字数：
+ * 工作量与输入长度无关地有上限，不要把整段文本展开成字符数组。
+ */
 export function digest(value: string, options: SpanOptions = {}): string {
   void value;
   void options;
