@@ -6,7 +6,8 @@
 // Commands are timed through npm as the learner types them and as `node scripts/launch.js …` (npm's own start-up
 // apart). Prints the medians against the targets and a breakdown of where the lab loop's time goes. Not a test.
 // First of all it runs scripts/bench-stream.ts (chapter 05's streaming assembly, 1/2/4 MB of deltas, time per MB);
-// --stream-only stops after that part.
+// --stream-only stops after that part. Then scripts/bench-orchestration.ts: chapters 21/23's task queue (625 / 2,500 /
+// 10,000 tasks through TaskRuntime.submit and TaskScheduler) and chapter 23's digest() at 4x steps of input.
 import { type ChildProcess, spawn } from "node:child_process";
 import os from "node:os";
 import path from "node:path";
@@ -155,6 +156,12 @@ await main(async (args) => {
   process.stdout.write(stream.stdout + stream.stderr);
   if (stream.code !== 0) throw new CourseError(`流式组装基准失败（退出码 ${stream.code}）`);
   if (streamOnly) return 0;
+  console.log("");
+
+  // ⓪b Chapters 21/23: submit and schedule up to 10,000 tasks, digest() up to 10 M characters (tsx, today's sources).
+  const orchestration = await timed(node, [launcher, "bench-orchestration"], ROOT);
+  process.stdout.write(orchestration.stdout + orchestration.stderr);
+  if (orchestration.code !== 0) throw new CourseError(`任务队列与摘要基准没有达到线性（退出码 ${orchestration.code}）`);
   console.log("");
 
   console.log(`pi-course 基准：第 ${c.id} 章 · ${c.title}`);

@@ -589,19 +589,43 @@ async function readErrorBody(response: Response, signal: AbortSignal | undefined
   }
 }
 
-const REDACTED = "[redacted]";
-/** 任何 Bearer 凭据，不论是不是我们的密钥：回显的也可能是代理或别的服务的令牌。 */
-const BEARER_VALUE = /\bBearer\s+[^\s"'<>,;]+/gi;
+// ---------------------------------------------------------------------------
+// 脱敏：本章的错误文本与第 23 章的执行树摘要共用这一个函数
+// ---------------------------------------------------------------------------
 
-/**
- * 密钥可能以几种样子出现在错误文本里：原文、URL 编码、base64 / base64url。
- * base64 的样子取决于密钥前面有几个字节（对 3 取余），所以三种对齐各算一次，
- * 只取完全由密钥字节决定的那一段——前后被别的字节“污染”的字符不算。
- */
-function secretForms(apiKey: string): string[] {
-  if (apiKey === "") return [];
-  const forms = new Set<string>([apiKey, encodeURIComponent(apiKey)]);
-  const bytes = Buffer.from(apiKey, "utf8");
+const REDACTED = "[redacted]";
+
+/** 值在这些字符处结束（含全角标点）：后面的正文原样保留。 */
+const VALUE_END = new Set([..." \t\n\r\f\v\"'<>,;}&()（）【】，；。"]);
+/** 名字里（去掉 - 与 _、不分大小写）含有这些词的键，它的值就当作秘密。 */
+const SECRET_KEY_WORDS = ["password", "passwd", "secret", "token", "apikey", "credential", "authorization", "privatekey", "accesskey"];
+/** 常见的密钥前缀与前缀之后至少要有的字符数；字符只能是字母、数字、_ 与 -。 */
+const KEY_PREFIXES: ReadonlyArray<readonly [prefix: string, minRest: number]> = [
+  ["sk-", 16], ["sk_live_", 16], ["sk_test_", 16], ["rk_live_", 16], ["rk_test_", 16],
+  ["ghp_", 20], ["gho_", 20], ["ghu_", 20], ["ghs_", 20], ["ghr_", 20], ["github_pat_", 20], ["glpat-", 20],
+  ["xoxa-", 10], ["xoxb-", 10], ["xoxp-", 10], ["xoxr-", 10], ["xoxs-", 10],
+  ["AIza", 30], ["hf_", 30], ["gsk_", 20], ["xai-", 20],
+];
+/** 一个键名、一段空白最多看这么远：每处候选的工作量有上限，整段文本是线性的。 */
+const KEY_NAME_MAX = 64;
+const GAP_MAX = 32;
+
+interface RedactRange {
+  start: number;
+  end: number;
+  /** 替换成什么；默认 [redacted]。 */
+  text?: string;
+}
+
+function isSpace(code: number): boolean {
+  return code === 0x20 || (code >= 0x09 && code <= 0x0d) || code === 0xa0 || code === 0x1680 || (code >= 0x2000 && code <= 0x200a) ||
+    code === 0x2028 || code === 0x2029 || code === 0x202f || code === 0x205f || code === 0x3000 || code === 0xfeff;
+}
+
+/** 一个点名的秘密在文本里可能出现的样子：原文、URL 编码、三种对齐下的 base64 / base64url（只取完全由秘密决定的那一段）。 */
+function secretForms(secret: string): string[] {
+  const forms = new Set<string>([secret, encodeURIComponent(secret)]);
+  const bytes = Buffer.from(secret, "utf8");
   for (let shift = 0; shift < 3; shift += 1) {
     const encoded = Buffer.concat([Buffer.alloc(shift), bytes]).toString("base64");
     const core = encoded.slice(Math.ceil((8 * shift) / 6), Math.floor((8 * (shift + bytes.length)) / 6));
@@ -609,12 +633,167 @@ function secretForms(apiKey: string): string[] {
     forms.add(core);
     forms.add(core.replace(/\+/g, "-").replace(/\//g, "_"));
   }
-  return [...forms].sort((a, b) => b.length - a.length);
+  return [...forms];
 }
 
-/** 先替换所有 Bearer 值，再替换密钥的每一种样子。必须在任何截断之前调用。 */
+/** key=value、"key": "value"、key：value（全角）、key%3Dvalue（URL 编码）里，名字像口令的键的值。 */
+function keyValueSpans(text: string, spans: RedactRange[]): void {
+  const word = /[\w-]+/g;
+  for (let match = word.exec(text); match !== null; match = word.exec(text)) {
+    // 很长的词只看它的末尾：键名就在紧挨分隔符的地方。
+    const name = match[0].slice(-KEY_NAME_MAX);
+    const folded = name.toLowerCase().replace(/[-_]/g, "");
+    if (!SECRET_KEY_WORDS.some((key) => folded.includes(key))) continue;
+    let at = match.index + match[0].length;
+    if (text[at] === '"' || text[at] === "'") at += 1;
+    for (let gap = 0; gap < GAP_MAX && (text[at] === " " || text[at] === "\t"); gap += 1) at += 1;
+    let encoded = false;
+    const here = text[at];
+    if (here === ":" || here === "=" || here === "：" || here === "＝") at += 1;
+    else if (/^%3[ad]$/i.test(text.slice(at, at + 3))) {
+      at += 3;
+      encoded = true;
+    } else continue;
+    // 值可以在一个空格或换行之后。
+    for (let gap = 0; gap < GAP_MAX && at < text.length && isSpace(text.charCodeAt(at)); gap += 1) at += 1;
+    const rest = text.slice(at, at + 12);
+    if (/^(?:bearer|basic)\s/i.test(rest) || rest.startsWith(REDACTED)) continue; // 交给认证头那一条
+    const quote = text[at];
+    let end = at;
+    if (quote === '"' || quote === "'") {
+      // 带引号的值到配对的引号为止（可以含空格），引号保留；没有配对的引号就遮到行尾。
+      end = at + 1;
+      while (end < text.length && text[end] !== quote && text[end] !== "\n") end += text[end] === "\\" ? 2 : 1;
+      end = Math.min(end, text.length);
+      if (end > at + 1) spans.push({ start: at + 1, end });
+    } else {
+      const schemeLike = folded.includes("authorization");
+      while (end < text.length) {
+        const ch = text[end]!;
+        if (encoded && ch === "%" && /^%(?:2[0267c]|3b)$/i.test(text.slice(end, end + 3))) break;
+        // Authorization: Token xxx / Digest …：认证方案与凭据一起遮到行尾。
+        if (schemeLike ? ch === "\n" || ch === "\r" || ch === '"' || ch === "'" : VALUE_END.has(ch)) break;
+        end += 1;
+      }
+      if (end > at) spans.push({ start: at, end });
+    }
+    word.lastIndex = Math.max(word.lastIndex, end); // 值里的词不再当作键：每个字符只扫一次
+  }
+}
+
+/** Bearer 与 Basic 凭据，以及 scheme://user:password@host 里的口令。 */
+function credentialSpans(text: string, spans: RedactRange[]): void {
+  const bearer = /\bbearer\s+([^\s"'<>,;()（）【】，；。]+)/gi;
+  for (let match = bearer.exec(text); match !== null; match = bearer.exec(text)) {
+    spans.push({ start: match.index, end: match.index + match[0].length, text: `Bearer ${REDACTED}` });
+  }
+  const basic = /\bbasic[ \t]+([A-Za-z0-9+/=]+)/gi;
+  for (let match = basic.exec(text); match !== null; match = basic.exec(text)) {
+    const value = match[1]!;
+    // 像 base64 才算：够长，并且有数字、+ / =，或者第一个字符之后还有大写（“Basic authentication” 这样的正文不算）。
+    if (value.length < 8 || !/[0-9+/=]|.[A-Z]/.test(value) || !/[a-z]/.test(value)) continue;
+    spans.push({ start: match.index + match[0].length - value.length, end: match.index + match[0].length });
+  }
+  for (let at = text.indexOf("://"); at !== -1; at = text.indexOf("://", at + 3)) {
+    const start = at + 3;
+    let end = start;
+    let colon = -1;
+    while (end < text.length && end - start < 512) {
+      const ch = text[end]!;
+      if (ch === "@" || ch === "/" || ch === "?" || ch === "#" || VALUE_END.has(ch)) break;
+      if (ch === ":" && colon === -1) colon = end;
+      end += 1;
+    }
+    if (text[end] === "@" && colon !== -1 && end > colon + 1) spans.push({ start: colon + 1, end });
+  }
+}
+
+/** 形状本身就说明是密钥的词：常见 provider 的密钥前缀、JWT（三段 base64url，头一段以 eyJ 开头）。 */
+function shapeSpans(text: string, spans: RedactRange[]): void {
+  const run = /[\w.-]+/g;
+  for (let match = run.exec(text); match !== null; match = run.exec(text)) {
+    const whole = match[0];
+    const parts = whole.split(".");
+    if (parts.length >= 3 && parts[0]!.startsWith("eyJ") && parts[0]!.length >= 10 && parts[1]!.length >= 2) {
+      const jwt = parts.slice(0, parts.length >= 5 && parts[3] !== "" ? 5 : 3).join(".");
+      spans.push({ start: match.index, end: match.index + jwt.length });
+      continue;
+    }
+    let offset = match.index;
+    for (const part of parts) {
+      for (const [prefix, minRest] of KEY_PREFIXES) {
+        if (part.startsWith(prefix) && part.length - prefix.length >= minRest) {
+          spans.push({ start: offset, end: offset + part.length });
+          break;
+        }
+      }
+      offset += part.length + 1;
+    }
+  }
+  // AKIA…：AWS 的访问密钥 id，前缀之后恰好 16 个大写字母或数字。
+  const aws = /\b(?:AKIA|ASIA)[0-9A-Z]{16}\b/g;
+  for (let match = aws.exec(text); match !== null; match = aws.exec(text)) spans.push({ start: match.index, end: match.index + match[0].length });
+}
+
+/** PEM 块（-----BEGIN … PRIVATE KEY----- …）：头尾两行保留，中间遮住；没有结尾行就遮到文本末尾。 */
+function pemSpans(text: string, spans: RedactRange[]): void {
+  for (let at = text.indexOf("-----BEGIN "); at !== -1; ) {
+    const headerEnd = text.indexOf("-----", at + 11);
+    if (headerEnd === -1 || headerEnd - at > 100) {
+      at = text.indexOf("-----BEGIN ", at + 11);
+      continue;
+    }
+    const bodyStart = headerEnd + 5;
+    const footer = text.indexOf("-----END ", bodyStart);
+    spans.push({ start: bodyStart, end: footer === -1 ? text.length : footer });
+    if (footer === -1) break;
+    at = text.indexOf("-----BEGIN ", footer + 9);
+  }
+}
+
+/**
+ * 遮住文本里的秘密，只替换、不截断（截断必须在这之后，否则半截密钥就认不出来了）。遮的是：
+ * - 调用方点名的秘密值（不到 4 个字符的不遮，免得遮掉正常文字），以及它的 URL 编码、base64 与 base64url 形式；
+ * - Bearer 凭据（写成 `Bearer [redacted]`）、像 base64 的 Basic 凭据、`scheme://user:口令@` 里的口令；
+ * - 名字像口令的键的值：`=`、`:`、全角的 `：`、URL 编码的 `%3D` 都认，值可以在空格或换行之后，带引号的值整段遮住、引号保留；
+ * - 形状本身就是密钥的词：常见 provider 的前缀（sk-、ghp_、github_pat_、glpat-、xoxb-、AIza、hf_、AKIA…）与 JWT；
+ * - PEM 块的正文。
+ * 每条规则都只向前扫描、每处候选的工作量有上限：耗时与文本长度成正比，没有会回溯的正则。
+ */
+export function redactSecrets(text: string, secrets: readonly string[] = []): string {
+  const spans: RedactRange[] = [];
+  for (const secret of secrets) {
+    if (secret.length < 4) continue;
+    for (const form of secretForms(secret)) {
+      for (let at = text.indexOf(form); at !== -1; at = text.indexOf(form, at + form.length)) spans.push({ start: at, end: at + form.length });
+    }
+  }
+  pemSpans(text, spans);
+  credentialSpans(text, spans);
+  keyValueSpans(text, spans);
+  shapeSpans(text, spans);
+  if (spans.length === 0) return text;
+  // 先开始的在前，同一处开始的长的在前；重叠的合并成一段，用最先开始那段的替换文字。
+  spans.sort((left, right) => left.start - right.start || right.end - left.end);
+  let clean = "";
+  let at = 0;
+  for (let index = 0; index < spans.length; ) {
+    const first = spans[index]!;
+    let end = first.end;
+    index += 1;
+    while (index < spans.length && spans[index]!.start < end) {
+      end = Math.max(end, spans[index]!.end);
+      index += 1;
+    }
+    clean += text.slice(at, first.start) + (first.text ?? REDACTED);
+    at = end;
+  }
+  return clean + text.slice(at);
+}
+
+/** 传输层的错误文本：本章的密钥（及其各种编码）加上上面那些通用的形状。必须在任何截断之前调用。 */
 function redact(message: string, apiKey: string): string {
-  return secretForms(apiKey).reduce((clean, form) => clean.split(form).join(REDACTED), message.replace(BEARER_VALUE, `Bearer ${REDACTED}`));
+  return redactSecrets(message, apiKey === "" ? [] : [apiKey]);
 }
 
 /** 非中止错误一律改造成只有消息的普通 Error：不带 cause，密钥被替换成 [redacted]。 */

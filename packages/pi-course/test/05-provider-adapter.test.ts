@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { once } from "node:events";
+import { getEventListeners, once } from "node:events";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 import test, { type TestContext } from "node:test";
@@ -8,6 +8,7 @@ import {
   createOpenAICompatibleModel,
   createOpenAICompatibleTransport,
   fixedTransport,
+  redactSecrets,
   toProviderMessages,
   toProviderTools,
   type ProviderChunk,
@@ -25,6 +26,7 @@ import {
   type ModelStream,
   type ToolDefinition,
 } from "../src/types.js";
+import { SECRET_SAMPLES } from "../test-support/secret-samples.js";
 
 // ---------------------------------------------------------------------------
 // 通用夹具
@@ -842,6 +844,31 @@ test("Lab 5.3 · 流到一半中止：最后一个事件是 aborted，partial �
   assert.deepEqual(deafResult.content, [text("还在想")]);
   assert.equal(bodyCancelled, true, "中止后 reader 应当被取消");
 
+  // 每次读都一边等数据、一边听着 signal：这次读结束，监听就要撤掉。40 块分开到达的流读完之后，调用方的 signal 上
+  // 一个 abort 监听都不剩（每次读留下一个的话，一次长回复会在同一个 signal 上挂几千个监听）。
+  const pieces = [...Array.from({ length: 40 }, (_, index) => frame(chunk({ content: `第${index}块` }))), frame(chunk({}, "stop")), "data: [DONE]\n\n"];
+  const chattyFetch: typeof fetch = async () => {
+    let next = 0;
+    return new Response(
+      new ReadableStream<Uint8Array>({
+        pull(body) {
+          if (next < pieces.length) body.enqueue(new TextEncoder().encode(pieces[next++]!));
+          else body.close();
+        },
+      }),
+      { status: 200, headers: { "content-type": "text/event-stream" } },
+    );
+  };
+  const listening = new AbortController();
+  const chatty = createOpenAICompatibleTransport({ baseUrl: "https://provider.invalid/v1", apiKey: API_KEY, fetch: chattyFetch });
+  const heard: ProviderChunk[] = [];
+  for await (const item of chatty.stream({ model: "m", messages: [] }, { signal: listening.signal })) {
+    heard.push(item);
+    assert.ok(getEventListeners(listening.signal, "abort").length <= 1, `读第 ${heard.length} 块时 signal 上已有 ${getEventListeners(listening.signal, "abort").length} 个 abort 监听`);
+  }
+  assert.equal(heard.length, 41);
+  assert.equal(getEventListeners(listening.signal, "abort").length, 0, "流读完之后 signal 上不应留下 abort 监听");
+
   // 直接用传输：signal 已中止就不发请求，抛出的是 DOMException("Request was aborted", "AbortError")；
   // 没有人中止、fetch 却以 AbortError 失败时，对外也是这同一种中止错误，而不是脱敏后的普通 Error。
   const streamError = async (transport: ProviderTransport, signal?: AbortSignal): Promise<unknown> => {
@@ -1318,6 +1345,26 @@ test("Lab 5.4 · fetch 失败和 HTTP 错误里的密钥都被替换成 [redacte
   const spacedError = await thrownBy(spaced);
   assert.ok(spacedError instanceof Error);
   assert.equal(spacedError.message, "OpenAI-compatible request failed with HTTP 502: upstream said: Bearer [redacted] invalid");
+
+  // 不只是我们自己的密钥：错误文本里常见的各种凭据（第 23 章的摘要用同一个 redactSecrets、同一份清单）。
+  // fetch 抛出的错误与 HTTP 错误体两条路都要遮住；脱敏之后上下文还在，不是整段抹掉。
+  for (const sample of SECRET_SAMPLES) {
+    const clean = redactSecrets(sample.text);
+    for (const secret of sample.secrets) assert.equal(clean.includes(secret), false, `${sample.what}：${secret} 留在了 ${clean} 里`);
+    for (const context of sample.kept) assert.ok(clean.includes(context), `${sample.what}：上下文 ${context} 不该被遮掉，实际：${clean}`);
+    assert.match(clean, /\[redacted\]/, sample.what);
+    for (const fetchImpl of [
+      async (): Promise<Response> => { throw new Error(sample.text); },
+      async (): Promise<Response> => new Response(sample.text, { status: 500 }),
+    ]) {
+      const error = await thrownBy(createOpenAICompatibleTransport({ baseUrl: "https://provider.invalid/v1", apiKey: API_KEY, fetch: fetchImpl }));
+      assert.ok(error instanceof Error, sample.what);
+      for (const secret of sample.secrets) assert.equal(error.message.includes(secret), false, `${sample.what}：${secret} 进了错误消息 ${error.message}`);
+    }
+  }
+  // 同一个 redactSecrets 也遮调用方点名的秘密（原文、URL 编码、base64），不到 4 个字符的不遮。
+  assert.equal(redactSecrets("口令 open-sesame-42，别名 abc", ["open-sesame-42", "abc"]), "口令 [redacted]，别名 abc");
+  assert.equal(redactSecrets(`b64=${Buffer.from("open-sesame-42").toString("base64")}`, ["open-sesame-42"]).includes("b3Blbi1zZXNh"), false);
 
   // 没有密钥（有的本地服务不要）：没有什么要替换的，错误体原样附上。
   const keyless = createOpenAICompatibleTransport({

@@ -1085,6 +1085,25 @@ test("Lab 21.3 · 恢复：新进程打开同一个文件，未结束的任务�
     assert.deepEqual(drained.map((snapshot) => `${snapshot.taskId}:${snapshot.state}`), ["q5:completed"], "q5 完成时信号触发：q1、q0 留在队列里");
     assert.deepEqual([runtime.queued(), second.latest("q1")?.state], [["q1", "q0"], "pending"]);
     await second.close();
+
+    // 排队的开销与队长无关：每次从存储读快照都要复制一份，提交 4 倍的任务，读的次数也只能是 4 倍
+    // （为了比较优先级而把每个排着队的任务都读一遍，就是 16 倍）。
+    const storeReads = async (count: number): Promise<number> => {
+      const store = await TaskStore.open(path.join(dir, `queue-${count}.log`), { fsync: false });
+      let reads = 0;
+      const latest = store.latest.bind(store);
+      store.latest = (taskId: string) => {
+        reads += 1;
+        return latest(taskId);
+      };
+      const queue = new TaskRuntime({ store, model: new ScriptedModel([]), clock: steppingClock() });
+      for (let index = 0; index < count; index += 1) await queue.submit({ id: `t${index}`, input: "排队", priority: index % 3 });
+      assert.deepEqual(queue.queued().slice(0, 3), ["t2", "t5", "t8"], "priority 大的在前，同 priority 按提交顺序");
+      await store.close();
+      return reads;
+    };
+    const [small, large] = [await storeReads(50), await storeReads(200)];
+    assert.ok(large <= 4 * small, `提交 50 个任务读了 ${small} 次存储，提交 200 个读了 ${large} 次：应当不超过 4 倍`);
   });
 });
 

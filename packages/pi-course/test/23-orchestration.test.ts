@@ -53,14 +53,15 @@ import {
   formatSpanTree,
   messageText,
   readTaskLog,
-  redactSecrets,
   recordedTools,
   replayTask,
   scriptFromLog,
   type Span,
   type TaskRecord,
 } from "../src/orchestration/spans.js";
+import { redactSecrets } from "../src/provider-adapter.js";
 import { ScriptedModel, type ScriptedTurn } from "../src/scripted-model.js";
+import { SECRET_SAMPLES } from "../test-support/secret-samples.js";
 import { type JsonValue } from "../src/session.js";
 import { type TaskHooks, TaskRuntime, type TaskToolContext } from "../src/task-runtime/task-runner.js";
 import { type TaskSnapshot, type TaskStep } from "../src/task-runtime/task-state.js";
@@ -183,8 +184,12 @@ test("Lab 23.1 · 路由：规则优先且不调用模型；规则没覆盖的�
   const stopped = await router.route({ taskId: "t6", input: "取消了" }, { signal: halt.signal });
   assert.deepEqual([stopped.executor, stopped.by], ["react", "default"]);
   assert.match(stopped.reason, /路由模型调用失败/);
-  // 只有恰好一个带非空字符串 route 的 JSON 对象才算数（首尾空白可以有）。
+  // 只有恰好一个带非空字符串 route 的 JSON 对象才算数。首尾空白可以有，包括 JSON 本身不认的全角空格、
+  // 不换行空格和 BOM（中文输入法与某些网关会带上它们）。
   assert.equal(parseRouteReply('  {"route":"report"}\n'), "report");
+  for (const padded of ['\u3000{"route":"report"}\u3000', '\u00a0{"route":"report"}\u00a0', '\ufeff{"route":"report"}', '\u3000\n {"route":"report"}\u00a0\n']) {
+    assert.equal(parseRouteReply(padded), "report", JSON.stringify(padded));
+  }
   for (const bad of ["[]", "null", '"report"', '{"route":""}', '{"route":1}', '["report"]', "{"]) assert.equal(parseRouteReply(bad), undefined, bad);
   assert.deepEqual(router.routeNames(), ["status-query", "report", "react"]);
 
@@ -537,7 +542,13 @@ test("Lab 23.1 · 同一个查询：DAG 路径只调用一次模型，ReAct 循�
       if (step.type === "tool_call") assert.equal(step.idempotencyKey, `dag#${step.stepId}`);
       assert.ok(step.startedAt !== undefined && step.startedAt <= step.at, "DAG 的步骤和 ReAct 的一样记下开始时间");
     }
-    assert.ok(keys.includes("dag#1") && keys.includes("loop#2"), "两条路径的工具都拿到任务 + 步骤的幂等键");
+    // 两条路径的每一次工具调用都拿到“任务 + 步骤号”的幂等键：工具看到的键与两份快照里的工具步骤一一对应，不多不少。
+    for (const step of loop.context.steps) if (step.type === "tool_call") assert.equal(step.idempotencyKey, `loop#${step.stepId}`);
+    const expectedKeys = [dag, loop].flatMap((snapshot) =>
+      snapshot.context.steps.flatMap((step) => (step.type === "tool_call" ? [`${snapshot.taskId}#${step.stepId}`] : [])),
+    );
+    assert.deepEqual([expectedKeys.filter((key) => key.startsWith("dag#")).length, expectedKeys.filter((key) => key.startsWith("loop#")).length], [3, 2]);
+    assert.deepEqual([...keys].sort(), expectedKeys.sort(), "两条路径的工具都拿到任务 + 步骤的幂等键");
     // 每次调用的记录带着发出去与拿回来的内容：模型调用还有模型名与 token，工具调用是参数与结果正文。
     const answerCall = record.calls.find((entry) => entry.node === "answer")!;
     assert.deepEqual([answerCall.model, answerCall.usage, answerCall.output, answerCall.error], ["scripted-v1", { input: 8, output: 2 }, answer, undefined]);
@@ -838,6 +849,12 @@ test("Lab 23.2 · 规划-执行：计划是检查过的数据，步骤按顺序�
     { id: "s0", tool: "read_costs", arguments: { month: "m" }, purpose: "看成本", review: true },
     { id: "s1", tool: "read_costs", arguments: { month: "m" } },
   ]);
+  // JSON 只认 ASCII 空白；全角空格、不换行空格、BOM 包着的计划与修订同样是合格的（先去掉首尾空白再解析）。
+  const plain = JSON.stringify({ goal: "g", steps: [eight[0]!] });
+  for (const padded of [`\u3000${plain}\u3000`, `\u00a0${plain}\n\u00a0`, `\ufeff${plain}`]) {
+    assert.deepEqual(parsePlan(padded, registry).steps.map((step) => step.id), ["s0"], JSON.stringify(padded.slice(0, 2)));
+  }
+  assert.equal(parseRevision('\u3000{"keep":true}\ufeff', registry, new Set(["s1"])), undefined);
   // 修订的回复：{"keep":true} 是保留，别的都要是一组合格的新步骤。
   assert.equal(parseRevision('{"keep":true}', registry, new Set(["s1"])), undefined);
   assert.throws(() => parseRevision('{"keep":false}', registry, new Set(["s1"])), /steps 必须是非空数组/);
@@ -1197,9 +1214,11 @@ test("Lab 23.2 · 长期记忆的写入审核：没有证据、证据里找不�
     await assert.rejects(reopened.propose(fact("杭州", { taskId: "t1", toolCallId: "c1" }), () => {
       throw new Error("证据库不可用");
     }), /证据库不可用/);
+    const before = Date.now();
     assert.deepEqual(await reopened.propose(note(long), longLookup), { accepted: true, reason: "new" });
+    const after = Date.now();
     const last = JSON.parse((await readFile(file, "utf8")).trim().split("\n").at(-1)!) as { at: unknown };
-    assert.equal(typeof last.at, "number");
+    assert.ok(typeof last.at === "number" && last.at >= before && last.at <= after, `没给时钟时 at 是写入那一刻的 Date.now()（${before}…${after}），实际 ${String(last.at)}`);
 
     // 坏掉的文件：写出是第几行、哪里不对；空行不算。
     const broken = path.join(dir, "broken.jsonl");
@@ -2158,6 +2177,20 @@ test("Lab 23.4 · 执行树：task → model / tool，带有界且脱敏的摘�
   assert.equal(digest("abc", { digestLimit: 1 }), "a…（共 3 字）");
   assert.equal(digest("  a \t b  "), "a b");
   assert.equal(digest("我的口令是 open-sesame-42", { secrets: ["open-sesame-42"] }), "我的口令是 [redacted]");
+  // 脱敏用的是第 05 章的 redactSecrets，检查的也是第 05 章那份清单：摘要里一个片段都不能留下，上下文还在。
+  for (const sample of SECRET_SAMPLES) {
+    const wide = digest(sample.text, { digestLimit: 1_000 });
+    for (const secret of sample.secrets) assert.equal(wide.includes(secret), false, `${sample.what}：${secret} 留在了摘要 ${wide} 里`);
+    for (const context of sample.kept) assert.ok(wide.includes(context.replace(/\s+/g, " ").trim()), `${sample.what}：上下文 ${context} 不该被遮掉，实际：${wide}`);
+    const short = digest(sample.text);
+    for (const secret of sample.secrets) assert.equal(short.includes(secret), false, `${sample.what}：${secret} 留在了默认长度的摘要 ${short} 里`);
+  }
+  // 很长的输入：预览来自开头，字数按折叠空白之后的全文算（含 U+3000 与换行），末尾的空白不计。
+  // 只有开头一段（DIGEST_SCAN_LIMIT 个字符，切在空白处）会被脱敏和复制，其余只数字数，所以 10 MB 的结果不会变成 10 MB 的数组。
+  const huge = `${"甲".repeat(100)}\u3000\n${"x".repeat(200_000)} 尾巴 \n${"y ".repeat(5_000_000)}`;
+  assert.equal(digest(huge), `${"甲".repeat(79)}…（共 ${100 + 1 + 200_000 + 3 + 1 + 10_000_000 - 1} 字）`);
+  const run = `${"k-".repeat(40_000)} password: open-sesame-42`;
+  assert.equal(digest(run, { digestLimit: 10 }), `${"k-".repeat(4)}k…（共 ${run.replace("open-sesame-42", "[redacted]").length} 字）`);
   // 估价只认价目表自己的条目（继承来的名字不算），价格按每百万 token。
   assert.equal(estimateCost("toString", { input: 1, output: 1 }), undefined);
   assert.equal(estimateCost("m", { input: 1_000_000, output: 2_000_000 }, { m: { inputPerMillion: 1, outputPerMillion: 2 } }), 5);

@@ -15,6 +15,7 @@
 // 同一份日志还能“重放”：把记录下的模型回复按顺序写成第 04 章的 ScriptedModel 脚本，工具结果写成只回放记录的工具，
 // 在一个新的存储里把同一个任务再跑一遍，得到同一棵树、同一个失败。
 
+import { redactSecrets } from "../provider-adapter.js";
 import { ScriptedModel, type ScriptedTurn } from "../scripted-model.js";
 import { objectSchema, type Tool } from "../tool.js";
 import type { AgentMessage, AssistantMessage, ToolCall, ToolResultMessage } from "../types.js";
@@ -90,38 +91,65 @@ export interface SpanOptions {
 // Lab 23.4 · 脱敏与摘要
 // ---------------------------------------------------------------------------
 
-const REDACTED = "[redacted]";
+/** 摘要最多对原文的这么多个字符做脱敏与折叠；更长的原文，超出的部分只计数，不复制、不进预览。 */
+export const DIGEST_SCAN_LIMIT = 256 * 1024;
 
-/**
- * 遮住文本里的秘密。按顺序：调用方点名的秘密值（原文与 URL 编码）、Bearer 凭据、名字像口令的 key=value / "key": "value"、
- * 几种常见的密钥形状（sk-…、ghp_…、AKIA…、xoxb-…）。只替换，不截断：截断是摘要的事，而且必须在这之后。
- */
-export function redactSecrets(text: string, secrets: readonly string[] = []): string {
-  let clean = text;
-  const forms = new Set<string>();
-  for (const secret of secrets) {
-    if (secret.length < 4) continue; // 太短的值会把正常文字也遮掉
-    forms.add(secret);
-    forms.add(encodeURIComponent(secret));
-  }
-  for (const form of [...forms].sort((a, b) => b.length - a.length)) clean = clean.split(form).join(REDACTED);
-  // 值在空白、引号、逗号分号、括号（含全角的）处结束：后面的正文原样保留。
-  clean = clean.replace(/\bBearer\s+[^\s"'<>,;()（）【】，；。]+/gi, `Bearer ${REDACTED}`);
-  clean = clean.replace(
-    /(["']?\b[\w-]*(?:api[_-]?key|token|secret|password|passwd|credential|authorization)[\w-]*["']?\s*[:=]\s*)(["']?)(?!Bearer\s|\[redacted\])[^\s"',;}&()（）【】，；。]+\2/gi,
-    (_match, head: string, quote: string) => `${head}${quote}${REDACTED}${quote}`,
-  );
-  clean = clean.replace(/\b(?:sk-[A-Za-z0-9_-]{16,}|gh[pousr]_[A-Za-z0-9]{20,}|AKIA[0-9A-Z]{16}|xox[abprs]-[A-Za-z0-9-]{10,})/g, REDACTED);
-  return clean;
+/** 与 String.prototype.trim、正则的 \s 同一组空白（含 U+3000、NBSP、BOM）。 */
+function isSpace(code: number): boolean {
+  return code === 0x20 || (code >= 0x09 && code <= 0x0d) || code === 0xa0 || code === 0x1680 || (code >= 0x2000 && code <= 0x200a) ||
+    code === 0x2028 || code === 0x2029 || code === 0x202f || code === 0x205f || code === 0x3000 || code === 0xfeff;
 }
 
-/** 有界摘要：脱敏 → 空白折叠成一个空格 → 超过上限时截断，末尾写上原文一共多少字符。 */
+/** text[from..] 折叠空白、去掉末尾空白之后有多少个字符（码点）；afterText 表示前面已经有字（开头的空白算一个空格）。 */
+function foldedLength(text: string, from: number, afterText: boolean): number {
+  let count = 0;
+  let pendingSpace = false;
+  for (let index = from; index < text.length; index += 1) {
+    const code = text.charCodeAt(index);
+    if (isSpace(code)) {
+      pendingSpace = true;
+      continue;
+    }
+    if (pendingSpace && (afterText || count > 0)) count += 1;
+    pendingSpace = false;
+    if (code >= 0xdc00 && code <= 0xdfff && index > from && isHighSurrogate(text.charCodeAt(index - 1))) continue;
+    count += 1;
+  }
+  return count;
+}
+
+function isHighSurrogate(code: number): boolean {
+  return code >= 0xd800 && code <= 0xdbff;
+}
+
+/**
+ * 有界摘要：脱敏 → 空白折叠成一个空格 → 超过上限时截断，末尾写上折叠后一共多少字符。
+ * 工作量有上限：只有前 DIGEST_SCAN_LIMIT 个字符（切在一个空白处，不会把一个词切成两半）被脱敏和复制，
+ * 其余部分只数一遍字数；预览只会来自被脱敏过的那一段。
+ */
 export function digest(value: string, options: SpanOptions = {}): string {
   const limit = options.digestLimit ?? DIGEST_LIMIT;
-  const clean = redactSecrets(value, options.secrets).replace(/\s+/g, " ").trim();
-  const chars = [...clean];
-  if (chars.length <= limit) return clean;
-  return `${chars.slice(0, Math.max(1, limit - 1)).join("")}…（共 ${chars.length} 字）`;
+  let cut = value.length;
+  if (value.length > Math.max(DIGEST_SCAN_LIMIT, 4 * limit)) {
+    const window = Math.max(DIGEST_SCAN_LIMIT, 4 * limit);
+    cut = window;
+    while (cut > window / 2 && !isSpace(value.charCodeAt(cut))) cut -= 1;
+    if (!isSpace(value.charCodeAt(cut))) cut = window - (isHighSurrogate(value.charCodeAt(window - 1)) ? 1 : 0);
+  }
+  const clean = redactSecrets(cut === value.length ? value : value.slice(0, cut), options.secrets).replace(/\s+/g, " ").trim();
+  const rest = cut === value.length ? 0 : foldedLength(value, cut, clean !== "");
+  // 预览的结尾：第 limit - 1 个码点之后（上限再小也留一个字）。
+  let shown = 0;
+  let end = 0;
+  while (end < clean.length && shown < Math.max(1, limit - 1)) {
+    end += isHighSurrogate(clean.charCodeAt(end)) && end + 1 < clean.length ? 2 : 1;
+    shown += 1;
+  }
+  let total = shown;
+  for (let index = end; index < clean.length; index += isHighSurrogate(clean.charCodeAt(index)) && index + 1 < clean.length ? 2 : 1) total += 1;
+  total += rest;
+  if (total <= limit && rest === 0) return clean;
+  return `${clean.slice(0, end)}…（共 ${total} 字）`;
 }
 
 /** 估算费用（美元）；价目表里没有这个模型时是 undefined。 */

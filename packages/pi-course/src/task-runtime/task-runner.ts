@@ -331,6 +331,13 @@ export class TaskRecorder {
 // Lab 21.3 · TaskRuntime
 // ---------------------------------------------------------------------------
 
+/** TaskRuntime 等待队列里的一项。 */
+interface QueueEntry {
+  readonly taskId: string;
+  readonly priority: number;
+  removed: boolean;
+}
+
 export class TaskRuntime {
   readonly #store: TaskStore;
   readonly #model: Model;
@@ -345,8 +352,13 @@ export class TaskRuntime {
   readonly #toolTimeoutMs: number;
   /** 正在 run 的任务：同一个任务同一时刻只能有一个 run。 */
   readonly #active = new Set<string>();
-  /** 等待运行的任务 id（submit 与 recover 放进来，drain 按顺序取走）。 */
-  #queue: string[] = [];
+  /**
+   * 等待运行的任务（submit 与 recover 放进来，drain 按顺序取走），priority 大的在前、同 priority 先来的在前。
+   * 排队时就记下 priority，插入用二分查找：不必为了比较去存储里取（并复制）每个排队任务的快照。
+   * run 与 cancel 只把条目标成 removed、从 #queued 里删掉，队列里失效的条目过多时才整理一次：每个任务的排队开销与队长无关。
+   */
+  #queue: QueueEntry[] = [];
+  readonly #queued = new Map<string, QueueEntry>();
 
   constructor(options: TaskRuntimeOptions) {
     this.#store = options.store;
@@ -367,7 +379,7 @@ export class TaskRuntime {
 
   /** 等待运行的任务 id，按运行顺序。 */
   queued(): string[] {
-    return [...this.#queue];
+    return this.#queue.filter((entry) => !entry.removed).map((entry) => entry.taskId);
   }
 
   snapshot(taskId: string): TaskSnapshot | undefined {
@@ -399,22 +411,29 @@ export class TaskRuntime {
    */
   async recover(): Promise<string[]> {
     const ids: string[] = [];
+    const recovered: QueueEntry[] = [];
     for (const snapshot of this.#store.unfinished()) {
       if (snapshot.state === "paused" || this.#active.has(snapshot.taskId)) continue;
       ids.push(snapshot.taskId);
+      recovered.push({ taskId: snapshot.taskId, priority: snapshot.priority, removed: false });
       this.#recorder.emit({ kind: "recovered", taskId: snapshot.taskId, state: snapshot.state, version: snapshot.version, at: this.#clock() });
     }
     const known = new Set(ids);
-    this.#queue = [...ids, ...this.#queue.filter((id) => !known.has(id))];
+    const rest = this.#queue.filter((entry) => !entry.removed && !known.has(entry.taskId));
+    // 恢复的任务在前；排序是稳定的，所以只有 priority 更大的旧条目会排到它们前面，队列保持有序，二分插入才成立。
+    this.#queue = [...recovered, ...rest].sort((left, right) => right.priority - left.priority);
+    this.#queued.clear();
+    for (const entry of this.#queue) this.#queued.set(entry.taskId, entry);
     return ids;
   }
 
   /** 依次运行等待队列里的任务，直到队列空或信号触发；返回每个任务跑完时的快照。 */
   async drain(options: TaskRunOptions = {}): Promise<TaskSnapshot[]> {
     const finished: TaskSnapshot[] = [];
-    while (this.#queue.length > 0 && options.signal?.aborted !== true) {
-      const taskId = this.#queue.shift()!;
-      finished.push(await this.run(taskId, options));
+    while (this.#queued.size > 0 && options.signal?.aborted !== true) {
+      const entry = this.#queue.shift()!;
+      if (entry.removed) continue;
+      finished.push(await this.run(entry.taskId, options));
     }
     return finished;
   }
@@ -424,7 +443,7 @@ export class TaskRuntime {
     const current = this.#recorder.require(taskId);
     const moved = transition(current, "cancelled", "cancelled", { reason }, this.#clock());
     await this.#recorder.commit("transition", moved.snapshot, [moved.event]);
-    this.#queue = this.#queue.filter((id) => id !== taskId);
+    this.#dequeue(taskId);
     return moved.snapshot;
   }
 
@@ -435,7 +454,7 @@ export class TaskRuntime {
   async run(taskId: string, options: TaskRunOptions = {}): Promise<TaskSnapshot> {
     if (this.#active.has(taskId)) throw new Error(`任务 ${taskId} 已经在运行`);
     this.#active.add(taskId);
-    this.#queue = this.#queue.filter((id) => id !== taskId);
+    this.#dequeue(taskId);
     try {
       return await this.#loop(taskId, options.signal);
     } finally {
@@ -634,10 +653,27 @@ export class TaskRuntime {
     return this.#recorder.commit("transition", moved.snapshot, [moved.event]);
   }
 
+  /** 排在所有 priority 不小于它的条目之后（二分查找）。 */
   #enqueue(taskId: string, priority: number): void {
-    const rest = this.#queue.filter((id) => id !== taskId);
-    const index = rest.findIndex((id) => (this.#store.latest(id)?.priority ?? 0) < priority);
-    rest.splice(index === -1 ? rest.length : index, 0, taskId);
-    this.#queue = rest;
+    this.#dequeue(taskId);
+    let low = 0;
+    let high = this.#queue.length;
+    while (low < high) {
+      const middle = (low + high) >>> 1;
+      if (this.#queue[middle]!.priority >= priority) low = middle + 1;
+      else high = middle;
+    }
+    const entry: QueueEntry = { taskId, priority, removed: false };
+    this.#queue.splice(low, 0, entry);
+    this.#queued.set(taskId, entry);
+  }
+
+  /** 不在队列里时什么也不做。失效的条目超过一半时整理一次，整理的开销摊到每次移除上是常数。 */
+  #dequeue(taskId: string): void {
+    const entry = this.#queued.get(taskId);
+    if (entry === undefined) return;
+    entry.removed = true;
+    this.#queued.delete(taskId);
+    if (this.#queue.length > 2 * this.#queued.size + 16) this.#queue = this.#queue.filter((item) => !item.removed);
   }
 }
