@@ -113,7 +113,7 @@ interface TrackerSink {
   /** 一次调用结束：写下步骤。 */
   record(step: TaskStep, call: CallRecord, result?: ToolResultMessage): Promise<void>;
   gate?(call: ToolCall): Promise<{ allow: true } | { allow: false; message: string }>;
-  /** 单个工具调用最多等多久（毫秒），与 TaskRuntime 的 toolTimeoutMs 同义；省略表示不限。 */
+  /** 单个工具调用最多等多久（毫秒），与 TaskRuntime 的 toolTimeoutMs 同义；省略时 30 秒（task-runner.ts 的 DEFAULT_TOOL_TIMEOUT_MS），Infinity 表示不限。 */
   toolTimeoutMs?: number;
   /** 每次模型请求发出之前调用（审计日志记下它，与 TaskRuntime 的 model_request 事件同形）。 */
   requested?(step: number, context: AgentContext, at: number): void;
