@@ -8,6 +8,7 @@ import { readFile } from "node:fs/promises";
 import { createRequire } from "node:module";
 import { Worker } from "node:worker_threads";
 import {
+  MAX_RESULT_CHARS,
   isWorkerToHostMessage,
   type CodemodeWorkerData,
   type HostResultMessage,
@@ -43,7 +44,7 @@ export interface CodemodeScriptOptions {
   tools?: ReadonlyMap<string, CodemodeScriptTool>;
   /** 整次执行的期限，工具耗时也算在内；默认 30 000 ms，Infinity 表示不设期限。 */
   timeoutMs?: number;
-  /** 虚拟机内存上限，默认 64 MiB。 */
+  /** 虚拟机内存上限，默认 64 MiB；必须是不超过 MAX_CODEMODE_MEMORY_LIMIT_BYTES（2 GiB）的正整数。 */
   memoryLimitBytes?: number;
   signal?: AbortSignal;
 }
@@ -70,6 +71,11 @@ export type CodemodeScriptResult =
 
 export const DEFAULT_CODEMODE_TIMEOUT_MS = 30_000;
 export const DEFAULT_CODEMODE_MEMORY_LIMIT_BYTES = 64 * 1024 * 1024;
+/**
+ * 内存上限的最大值：2 GiB。quickjs.wasm 是 32 位的，上限以 32 位整数交给引擎：4 GiB 加 1 MiB 会绕回 1 MiB，
+ * 8 GiB、NaN、Infinity 都变成 0，也就是“不设上限”。所以超出范围的值一律拒绝，而不是交给引擎去截断。
+ */
+export const MAX_CODEMODE_MEMORY_LIMIT_BYTES = 2 * 1024 * 1024 * 1024;
 
 // ---------------------------------------------------------------------------
 // QuickJS 模块：每个进程编译一次
@@ -179,13 +185,29 @@ class Execution {
     throw labError("Lab 16.3 中止信号");
   }
 
-  /** 加载 wasm、启动 worker、接上三种事件。已经结束（例如 signal 早已中止）时什么也不做。 */
+  /**
+   * 检查内存上限（不合法 ⇒ sandbox，不启动 worker）、加载 wasm、启动 worker、接上三种事件。
+   * 已经结束（例如 signal 早已中止）时什么也不做。
+   */
   async start(): Promise<void> {
-    // Lab 16.1：已结束就什么也不做；loadQuickJSWasm（失败 ⇒ sandbox "Failed to load QuickJS: …"）；
+    // Lab 16.1：已结束就什么也不做；内存上限不是不超过 MAX_CODEMODE_MEMORY_LIMIT_BYTES 的正整数 ⇒
+    // sandbox，消息以 "memoryLimitBytes " 开头，写出收到的值和上限；loadQuickJSWasm（失败 ⇒ sandbox "Failed to load QuickJS: …"）；
     // 等待期间可能已经结束；组装 CodemodeWorkerData；startWorker（失败 ⇒ sandbox "Failed to start worker: …"）；
-    // unref；接上 message / error / exit 三种事件。
+    // 接上 message / error / exit 三种事件。这里不 unref：worker 何时撑住宿主由下面给出的 #holdHostWhileRunning 决定。
     throw labError("Lab 16.1 Execution.start");
   }
+
+  // >>> 已给出：worker 何时撑住宿主的事件循环
+  /**
+   * worker 只在自己有事可做时撑住宿主的事件循环。没有待答的工具调用时，脚本正在虚拟机里跑，宿主要等它（ref）；
+   * 有调用在等宿主答复时，脚本的进展全看这些工具：工具自己不撑住进程，这次执行也不撑住（unref），
+   * 所以等一个永远不答复的工具、又不设期限的宿主照样能退出。切换只能在接上 "message" 之后做：接上监听会重新 ref。
+   */
+  #holdHostWhileRunning(): void {
+    if (this.#pending.size === 0) this.#worker?.ref();
+    else this.#worker?.unref();
+  }
+  // <<< 已给出
 
   // >>> 已给出：handleMessage 按消息类型分派
   /** worker 发来的每条消息都从这里进来；结束之后到达的消息一律忽略。 */
@@ -207,6 +229,11 @@ class Execution {
         return;
       case "done":
         if (message.ok) {
+          // 前导代码已经守着这个上限；这里再守一次，worker 说什么宿主都不照单全收。
+          if (message.value !== undefined && message.value.length > MAX_RESULT_CHARS) {
+            this.finish({ ok: false, error: { kind: "sandbox", message: `The worker sent a value over ${MAX_RESULT_CHARS} characters.` } });
+            return;
+          }
           let value: unknown;
           try {
             value = message.value === undefined ? undefined : JSON.parse(message.value);
@@ -231,6 +258,7 @@ class Execution {
    * 工具返回后，只有登记还在（执行没有结束）时才改写状态并答复 worker。
    */
   async handleCall(message: WorkerCallMessage): Promise<void> {
+    // Lab 16.1：登记之后、以及登记被拿掉之后（答复 worker 之前），各调用一次 #holdHostWhileRunning()。
     void message;
     throw labError("Lab 16.1 Execution.handleCall");
   }
@@ -253,8 +281,13 @@ class Execution {
       ? { ok: true, value: outcome.value, output: [...this.#output], calls: structuredClone(this.#calls) }
       : { ok: false, error: outcome.error, output: [...this.#output], calls: structuredClone(this.#calls) };
     const settle = (): void => this.#resolve(result);
-    if (this.#worker === undefined) settle();
-    else this.#worker.terminate().then(settle, settle);
+    if (this.#worker === undefined) {
+      settle();
+      return;
+    }
+    // worker 已经 unref：终止它的这一小段等待要重新 ref，否则别无他事的宿主会在交出结果之前退出。
+    this.#worker.ref();
+    this.#worker.terminate().then(settle, settle);
   }
   // <<< 已给出
 }
