@@ -49,6 +49,11 @@ export type HostToWorkerMessage = HostResultMessage;
 export const MAX_OUTPUT_CHARS = 16 * 1024 * 1024;
 /** console 调用次数上限。 */
 export const MAX_OUTPUT_ITEMS = 100_000;
+/**
+ * 脚本返回值的 JSON 文本最多多少个字符：1 MiB。输出只进 details，返回值却会整段进入 transcript、
+ * 成为模型下一轮的输入，所以它的上限比输出小得多。
+ */
+export const MAX_RESULT_CHARS = 1024 * 1024;
 
 function isRecord(value: unknown): value is Record<string, unknown> {
   return typeof value === "object" && value !== null && !Array.isArray(value);
@@ -115,12 +120,14 @@ export function discardingWasi(memory: WebAssembly.Memory): DiscardingWasi {
  *   bridge("done", true, valueJson?) / bridge("done", false, errorJson)。
  * - tools 是一个冻结对象外面包一层 Proxy：访问不存在的成员立刻抛 TypeError，并给出相近的名字。
  * - 输出超过上限时先报告失败、再抛 RangeError，所以脚本 catch 住也没法继续打印。
+ * - 返回值的 JSON 文本超过 MAX_RESULT_CHARS 时，脚本以 RangeError 失败，那段文本不离开虚拟机。
  * - stalled() 在“没有待办的工具调用，脚本却还没结束”时让脚本失败：这里没有定时器，它永远等不到结果。
  */
 export const PRELUDE_SOURCE = String.raw`(function (bridge, toolsJson) {
   "use strict";
   var MAX_CHARS = ${MAX_OUTPUT_CHARS};
   var MAX_ITEMS = ${MAX_OUTPUT_ITEMS};
+  var MAX_RESULT = ${MAX_RESULT_CHARS};
   var list = JSON.parse(toolsJson);
   var names = list.map(function (tool) { return tool.name; });
   var pending = new Map();
@@ -158,6 +165,10 @@ export const PRELUDE_SOURCE = String.raw`(function (bridge, toolsJson) {
       text = value === undefined ? undefined : JSON.stringify(value);
     } catch (error) {
       fail(new TypeError("The script's return value is not JSON-serializable: " + describe(error).message));
+      return;
+    }
+    if (text !== undefined && text.length > MAX_RESULT) {
+      fail(new RangeError("The script's return value is " + text.length + " characters of JSON, over the limit of " + MAX_RESULT + ". Return a summary instead."));
       return;
     }
     finished = true;

@@ -6,6 +6,7 @@ import { readFile } from "node:fs/promises";
 import { createRequire } from "node:module";
 import { Worker } from "node:worker_threads";
 import {
+  MAX_RESULT_CHARS,
   isWorkerToHostMessage,
   type CodemodeWorkerData,
   type HostResultMessage,
@@ -37,7 +38,7 @@ export interface CodemodeScriptOptions {
   tools?: ReadonlyMap<string, CodemodeScriptTool>;
   /** 整次执行的期限，工具耗时也算在内；默认 30 000 ms，Infinity 表示不设期限。 */
   timeoutMs?: number;
-  /** 虚拟机内存上限，默认 64 MiB。 */
+  /** 虚拟机内存上限，默认 64 MiB；必须是不超过 MAX_CODEMODE_MEMORY_LIMIT_BYTES（2 GiB）的正整数。 */
   memoryLimitBytes?: number;
   signal?: AbortSignal;
 }
@@ -64,6 +65,11 @@ export type CodemodeScriptResult =
 
 export const DEFAULT_CODEMODE_TIMEOUT_MS = 30_000;
 export const DEFAULT_CODEMODE_MEMORY_LIMIT_BYTES = 64 * 1024 * 1024;
+/**
+ * 内存上限的最大值：2 GiB。quickjs.wasm 是 32 位的，上限以 32 位整数交给引擎：4 GiB 加 1 MiB 会绕回 1 MiB，
+ * 8 GiB、NaN、Infinity 都变成 0，也就是“不设上限”。所以超出范围的值一律拒绝，而不是交给引擎去截断。
+ */
+export const MAX_CODEMODE_MEMORY_LIMIT_BYTES = 2 * 1024 * 1024 * 1024;
 
 // ---------------------------------------------------------------------------
 // QuickJS 模块：每个进程编译一次
@@ -185,9 +191,18 @@ class Execution {
     this.#stopWatching = () => signal.removeEventListener("abort", abort);
   }
 
-  /** 加载 wasm、启动 worker、接上三种事件。已经结束（例如 signal 早已中止）时什么也不做。 */
+  /**
+   * 检查内存上限（不合法 ⇒ sandbox，不启动 worker）、加载 wasm、启动 worker、接上三种事件。
+   * 已经结束（例如 signal 早已中止）时什么也不做。
+   */
   async start(): Promise<void> {
     if (this.#finished) return;
+    const memory = this.#memoryLimitBytes;
+    if (!Number.isSafeInteger(memory) || memory <= 0 || memory > MAX_CODEMODE_MEMORY_LIMIT_BYTES) {
+      const message = `memoryLimitBytes must be a positive integer no larger than ${MAX_CODEMODE_MEMORY_LIMIT_BYTES}, got ${memory}`;
+      this.finish({ ok: false, error: { kind: "sandbox", message } });
+      return;
+    }
     let wasm: WebAssembly.Module;
     try {
       wasm = await loadQuickJSWasm();
@@ -212,8 +227,6 @@ class Execution {
       return;
     }
     this.#worker = worker;
-    // 挂着的脚本不应让宿主进程无法退出。
-    worker.unref();
     worker.on("message", (message: unknown) => this.handleMessage(message));
     worker.on("error", (error: Error) => {
       this.finish({ ok: false, error: { kind: "sandbox", message: error.message } });
@@ -221,6 +234,16 @@ class Execution {
     worker.on("exit", (code: number) => {
       this.finish({ ok: false, error: { kind: "sandbox", message: `Worker exited with code ${code} before the script settled` } });
     });
+  }
+
+  /**
+   * worker 只在自己有事可做时撑住宿主的事件循环。没有待答的工具调用时，脚本正在虚拟机里跑，宿主要等它（ref）；
+   * 有调用在等宿主答复时，脚本的进展全看这些工具：工具自己不撑住进程，这次执行也不撑住（unref），
+   * 所以等一个永远不答复的工具、又不设期限的宿主照样能退出。切换只能在接上 "message" 之后做：接上监听会重新 ref。
+   */
+  #holdHostWhileRunning(): void {
+    if (this.#pending.size === 0) this.#worker?.ref();
+    else this.#worker?.unref();
   }
 
   /** worker 发来的每条消息都从这里进来；结束之后到达的消息一律忽略。 */
@@ -242,6 +265,11 @@ class Execution {
         return;
       case "done":
         if (message.ok) {
+          // 前导代码已经守着这个上限；这里再守一次，worker 说什么宿主都不照单全收。
+          if (message.value !== undefined && message.value.length > MAX_RESULT_CHARS) {
+            this.finish({ ok: false, error: { kind: "sandbox", message: `The worker sent a value over ${MAX_RESULT_CHARS} characters.` } });
+            return;
+          }
           let value: unknown;
           try {
             value = message.value === undefined ? undefined : JSON.parse(message.value);
@@ -269,6 +297,7 @@ class Execution {
     this.#calls.push(record);
     const controller = new AbortController();
     this.#pending.set(message.id, controller);
+    this.#holdHostWhileRunning();
     let reply: HostResultMessage;
     try {
       const tool = this.#tools.get(message.name);
@@ -281,6 +310,7 @@ class Execution {
       reply = { type: "result", id: message.id, ok: false, payload: messageOf(error) };
     }
     if (!this.#pending.delete(message.id)) return;
+    this.#holdHostWhileRunning();
     record.status = reply.ok ? "ok" : "error";
     this.#worker?.postMessage(reply);
   }
@@ -302,8 +332,13 @@ class Execution {
       ? { ok: true, value: outcome.value, output: [...this.#output], calls: structuredClone(this.#calls) }
       : { ok: false, error: outcome.error, output: [...this.#output], calls: structuredClone(this.#calls) };
     const settle = (): void => this.#resolve(result);
-    if (this.#worker === undefined) settle();
-    else this.#worker.terminate().then(settle, settle);
+    if (this.#worker === undefined) {
+      settle();
+      return;
+    }
+    // worker 可能正 unref 着（有调用在等）：终止它的这一小段等待要重新 ref，否则别无他事的宿主会在交出结果之前退出。
+    this.#worker.ref();
+    this.#worker.terminate().then(settle, settle);
   }
 }
 

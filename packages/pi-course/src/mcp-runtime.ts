@@ -146,13 +146,35 @@ export interface McpRuntime {
   close(): Promise<void>;
 }
 
-/** 段落只写名字、状态与工具名，从不写工具描述：描述属于工具声明，不该在 system 里再付一次 token。 */
+/** 段落里一条错误最多保留多少个字符。 */
+export const MAX_SECTION_ERROR_CHARS = 200;
+/** 段落里每台服务器最多列出多少个工具名；其余的只计数。 */
+export const MAX_SECTION_TOOL_NAMES = 50;
+
+/**
+ * 错误文字多半来自服务器（它的 JSON-RPC error、它让握手失败的方式），进 system 之前先变成一段无害的引文：
+ * 换行、控制字符与连续的空白（包括全角空格 U+3000）压成一个空格，截到 MAX_SECTION_ERROR_CHARS 个字符，
+ * 再写成 JSON 字符串。它因此只占一行、只是一段引号里的文字，不能另起一行冒充段落结构或指令，也撑不大 prompt。
+ */
+export function quoteServerText(value: string): string {
+  // 先截一段足够长的前缀再整理：1 MB 的错误文字不必整段过正则。
+  const flat = value.slice(0, MAX_SECTION_ERROR_CHARS * 4).replace(/[\p{Cc}\p{Cf}\p{Zl}\p{Zp}\s]+/gu, " ").trim();
+  const points = [...flat];
+  return JSON.stringify(points.length > MAX_SECTION_ERROR_CHARS ? `${points.slice(0, MAX_SECTION_ERROR_CHARS).join("")}…` : flat);
+}
+
+/**
+ * 段落只写名字、状态与工具名，从不写工具描述：描述属于工具声明，不该在 system 里再付一次 token。
+ * 服务器能影响的部分都有界：错误是截短的引文，工具名（已清洗成 [A-Za-z0-9_]，最长 64）最多列 MAX_SECTION_TOOL_NAMES 个。
+ */
 export function renderMcpServersSection(statuses: readonly McpServerStatus[]): string {
   const lines = ["MCP servers:"];
   for (const status of statuses) {
-    const state = status.error === undefined ? status.state : `${status.state}: ${status.error}`;
+    const state = status.error === undefined ? status.state : `${status.state}: ${quoteServerText(status.error)}`;
     const count = `${status.tools.length} ${status.tools.length === 1 ? "tool" : "tools"}`;
-    const names = status.tools.length === 0 ? "" : ` (${status.tools.join(", ")})`;
+    const shown = status.tools.slice(0, MAX_SECTION_TOOL_NAMES);
+    const more = status.tools.length - shown.length;
+    const names = shown.length === 0 ? "" : ` (${shown.join(", ")}${more > 0 ? `, and ${more} more` : ""})`;
     lines.push(`- ${status.name}: ${state}, ${count}${names}`);
   }
   return lines.join("\n");

@@ -275,6 +275,13 @@ export interface StdioTransportOptions {
 
 export const DEFAULT_STDIO_GRACE_MS = 200;
 export const DEFAULT_STDIO_CLOSE_TIMEOUT_MS = 1_000;
+/**
+ * 服务器写来的一行最多多少个字符（16 MiB）。更长的行不再攒在内存里：报告一个错误，丢到下一个换行为止，
+ * 之后的行照常读——一条永远不换行的输出既撑不爆内存，也吞不掉后面的应答。
+ */
+export const MAX_STDIO_LINE_CHARS = 16 * 1024 * 1024;
+/** 写给服务器、它还没读走的字节最多攒多少（16 MiB）；再多就拒绝 send，而不是无限地排队。 */
+export const MAX_STDIO_PENDING_BYTES = 16 * 1024 * 1024;
 
 function preview(line: string): string {
   return line.length > 80 ? `${line.slice(0, 80)}…` : line;
@@ -311,13 +318,21 @@ export function splitJsonRpcLines(
   return { messages, errors, rest };
 }
 
-/** 把本地 MCP 服务器作为子进程启动：stdin 写请求，stdout 读应答，stderr 不接（服务器的日志不是协议）。 */
+/**
+ * 把本地 MCP 服务器作为子进程启动：stdin 写请求，stdout 读应答，stderr 不接（服务器的日志不是协议）。
+ * 子进程自成一个进程组（detached）：服务器经 `sh -c` 启动、或者自己又起了子进程，信号都发给整个组，
+ * 一个还握着 stdout 的孙进程也不会在 close 之后活下来、拖住宿主。
+ */
 export class StdioTransport extends TransportEvents implements McpTransport {
   readonly options: Readonly<StdioTransportOptions>;
   #child: ChildProcess | undefined;
   #exited: Promise<void> | undefined;
   #alive = false;
-  #buffer = "";
+  /** 当前这一行已经收到、还没等到换行的几段；#lineChars 是它们的总长。只在换行到来时拼接一次，分帧是线性的。 */
+  #parts: string[] = [];
+  #lineChars = 0;
+  /** 当前这一行已经超过 MAX_STDIO_LINE_CHARS：丢到下一个换行为止。 */
+  #dropping = false;
   #closing: Promise<void> | undefined;
 
   constructor(options: StdioTransportOptions) {
@@ -340,6 +355,7 @@ export class StdioTransport extends TransportEvents implements McpTransport {
       cwd: this.options.cwd,
       env: { ...process.env, ...this.options.env },
       stdio: ["pipe", "pipe", "ignore"],
+      detached: true,
     });
     this.#child = child;
     this.#exited = new Promise((resolve) => child.once("exit", () => resolve()));
@@ -372,6 +388,12 @@ export class StdioTransport extends TransportEvents implements McpTransport {
     if (!this.#alive || stdin === undefined || stdin === null || this.#closing !== undefined || stdin.writableEnded) {
       return Promise.reject(new McpConnectionClosedError("MCP stdio server is not running"));
     }
+    // 背压：服务器不读 stdin 时，写入只会在我们这边排队。排到上限就拒绝，调用者立刻知道，内存也不会无限增长。
+    if (stdin.writableLength > MAX_STDIO_PENDING_BYTES) {
+      return Promise.reject(
+        new Error(`MCP stdio server is not reading its stdin: ${stdin.writableLength} bytes are already waiting (limit ${MAX_STDIO_PENDING_BYTES})`),
+      );
+    }
     return new Promise((resolve, reject) => {
       stdin.write(`${JSON.stringify(message)}\n`, "utf8", (error) => (error ? reject(error) : resolve()));
     });
@@ -392,26 +414,73 @@ export class StdioTransport extends TransportEvents implements McpTransport {
     // 礼貌的顺序：先关 stdin 让服务器自己收尾，再 SIGTERM，最后 SIGKILL；每一步都只在子进程还活着时才做。
     child.stdin?.end();
     if (await exitsWithin(exited, this.options.graceMs ?? DEFAULT_STDIO_GRACE_MS)) return;
-    child.kill("SIGTERM");
+    this.#signalGroup("SIGTERM");
     if (await exitsWithin(exited, this.options.closeTimeoutMs ?? DEFAULT_STDIO_CLOSE_TIMEOUT_MS)) return;
-    child.kill("SIGKILL");
+    this.#signalGroup("SIGKILL");
     await exited;
   }
 
-  #receive(chunk: string): void {
-    const { messages, errors, rest } = splitJsonRpcLines(this.#buffer, chunk);
-    this.#buffer = rest;
-    // 同一块里的消息与错误按出现顺序交付并不重要：错误不影响连接，消息按行序交付。
-    for (const error of errors) this.emitError(error);
-    for (const message of messages) this.emitMessage(message);
+  /** 把信号发给子进程所在的整个进程组；组里已经没有进程（ESRCH）时什么也不做。 */
+  #signalGroup(signal: NodeJS.Signals): void {
+    const pid = this.#child?.pid;
+    if (pid === undefined) return;
+    try {
+      process.kill(-pid, signal);
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code !== "ESRCH") this.emitError(error);
+    }
   }
 
+  /**
+   * 分帧：每一块只扫描它自己（找换行），一行的几段只在换行到来时拼接一次，所以总工作量与收到的字节数成正比。
+   * 完整的一行交给 splitJsonRpcLines 判定；超过 MAX_STDIO_LINE_CHARS 的行报告一次错误并丢到下一个换行。
+   */
+  #receive(chunk: string): void {
+    let start = 0;
+    while (start <= chunk.length) {
+      const newline = chunk.indexOf("\n", start);
+      const end = newline === -1 ? chunk.length : newline;
+      if (!this.#dropping && end > start) {
+        if (this.#lineChars + (end - start) > MAX_STDIO_LINE_CHARS) {
+          this.emitError(
+            new Error(`MCP stdio line exceeds the limit of ${MAX_STDIO_LINE_CHARS} characters; it is dropped up to the next newline`),
+          );
+          this.#dropping = true;
+          this.#parts = [];
+          this.#lineChars = 0;
+        } else {
+          this.#parts.push(chunk.slice(start, end));
+          this.#lineChars += end - start;
+        }
+      }
+      if (newline === -1) return;
+      const line = this.#parts.join("");
+      const dropped = this.#dropping;
+      this.#parts = [];
+      this.#lineChars = 0;
+      this.#dropping = false;
+      start = newline + 1;
+      if (dropped) continue;
+      const { messages, errors } = splitJsonRpcLines("", `${line}\n`);
+      for (const error of errors) this.emitError(error);
+      for (const message of messages) this.emitMessage(message);
+    }
+  }
+
+  /**
+   * 子进程退出：组里剩下的进程（它起的孙进程）一起结束，stdout 不再等——握着它的孙进程已经不在，
+   * 而一条还开着的管道会让宿主进程停不下来。
+   */
   #handleExit(): void {
     this.#alive = false;
-    if (this.#buffer.trim() !== "") {
+    this.#signalGroup("SIGKILL");
+    this.#child?.stdout?.destroy();
+    if (!this.#dropping && this.#parts.join("").trim() !== "") {
       this.emitError(new Error("MCP stdio server closed with an incomplete JSON-RPC message"));
     }
-    this.#buffer = "";
+    this.#parts = [];
+    this.#lineChars = 0;
+    this.#dropping = false;
     this.emitClose();
   }
 }

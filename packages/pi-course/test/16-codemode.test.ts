@@ -1,5 +1,8 @@
 import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { getEventListeners } from "node:events";
 import { copyFile, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { createRequire, syncBuiltinESMExports } from "node:module";
 import path from "node:path";
 import test from "node:test";
 import { fileURLToPath, pathToFileURL } from "node:url";
@@ -10,6 +13,7 @@ import {
   createCodemodeTool,
   createNestedToolBridge,
   loadQuickJSWasm,
+  MAX_CODEMODE_MEMORY_LIMIT_BYTES,
   NESTED_CALL_LIMITS,
   runCodemodeScript,
   type CodemodeScriptOptions,
@@ -17,7 +21,7 @@ import {
   type CodemodeScriptTool,
   type CodemodeToolDetails,
 } from "../src/codemode.js";
-import { MAX_OUTPUT_CHARS, MAX_OUTPUT_ITEMS, discardingWasi, type CodemodeWorkerData, type WorkerToHostMessage } from "../src/codemode-protocol.js";
+import { MAX_OUTPUT_CHARS, MAX_OUTPUT_ITEMS, MAX_RESULT_CHARS, discardingWasi, type CodemodeWorkerData, type WorkerToHostMessage } from "../src/codemode-protocol.js";
 import { ScriptedModel } from "../src/scripted-model.js";
 import {
   executeToolCall,
@@ -111,6 +115,30 @@ async function run(code: string, options?: CodemodeScriptOptions): Promise<Codem
   const result = await runCodemodeScript(code, options);
   if (!result.ok && result.error.kind === "sandbox") throw new Error(`沙箱没有跑起来：${result.error.message}`);
   return result;
+}
+
+/**
+ * 数一数 body 运行期间启动了几个 worker 线程：把 node:worker_threads 的 Worker 临时换成一个会计数的子类
+ * （syncBuiltinESMExports 让 codemode.js 的 import 也看见它），body 结束后换回原样。
+ */
+async function countWorkers(body: () => Promise<void>): Promise<number> {
+  const threads = createRequire(import.meta.url)("node:worker_threads") as { Worker: typeof Worker };
+  const original = threads.Worker;
+  let started = 0;
+  threads.Worker = class CountingWorker extends original {
+    constructor(...args: ConstructorParameters<typeof Worker>) {
+      super(...args);
+      started += 1;
+    }
+  };
+  syncBuiltinESMExports();
+  try {
+    await body();
+  } finally {
+    threads.Worker = original;
+    syncBuiltinESMExports();
+  }
+  return started;
 }
 
 /** 等 started；如果脚本（或循环）先结束了，就带着它的结果失败，而不是一直等到测试超时。 */
@@ -276,7 +304,8 @@ test("Lab 16.1 · 抛错、语法错误和工具失败都只是 ok:false 的结�
   assert.match(malformed[1]?.type === "crash" ? malformed[1].message : "", /malformed/);
   const notQuickJS = await driveWorker("return 1;", undefined, await WebAssembly.compile(new Uint8Array([0, 97, 115, 109, 1, 0, 0, 0])));
   assert.deepEqual(notQuickJS.map((message) => message.type), ["crash"]);
-  assert.match(notQuickJS[0]?.type === "crash" ? notQuickJS[0].message : "", /\S/);
+  // crash 的消息就是 worker 接住的异常本身（"名字: 消息"）：quickjs-wasi 在这个模块里找不到它要的导出。
+  assert.equal(notQuickJS[0]?.type === "crash" ? notQuickJS[0].message : "", "TypeError: vm.exports._initialize is not a function");
 
   const tools = new Map([["explode", recordingTool(() => { throw new Error("explode: disk on fire"); })]]);
   const caught = await run(
@@ -334,6 +363,28 @@ test("Lab 16.1 · 每次执行都是一台新虚拟机；16 MiB 上限下耗尽�
   assert.deepEqual(cramped.ok ? cramped : { ...cramped, error: { kind: cramped.error.kind } }, { ok: false, error: { kind: "sandbox" }, output: [], calls: [] });
   if (!cramped.ok) assert.match(cramped.error.message, /out of memory/);
 
+  // 内存上限必须是不超过 2 GiB 的正整数。quickjs.wasm 以 32 位整数收下它：4 GiB + 1 MiB 会绕回 1 MiB，
+  // 8 GiB、NaN、Infinity 都会变成“不设上限”。这些值一律是 sandbox 结果：不启动 worker，工具一次都不调用，消息说出收到的值和上限。
+  assert.equal(MAX_CODEMODE_MEMORY_LIMIT_BYTES, 2 * 1024 ** 3);
+  const memoryUntouched: unknown[] = [];
+  const badLimits = [0, -1, Number.NaN, Infinity, 1.5, MAX_CODEMODE_MEMORY_LIMIT_BYTES + 1, 4 * 1024 ** 3 + 1024 ** 2, 8 * 1024 ** 3];
+  const badLimitWorkers = await countWorkers(async () => {
+    for (const memoryLimitBytes of badLimits) {
+      const refused = await runCodemodeScript("await tools.add({}); return 1;", {
+        tools: new Map([["add", recordingTool(() => ({ text: "1" }), memoryUntouched)]]),
+        memoryLimitBytes,
+      });
+      assert.deepEqual({ ok: refused.ok, kind: !refused.ok && refused.error.kind, calls: refused.calls }, { ok: false, kind: "sandbox", calls: [] }, `memoryLimitBytes: ${memoryLimitBytes}`);
+      if (!refused.ok) {
+        assert.match(refused.error.message, /^memoryLimitBytes /, refused.error.message);
+        assert.ok(refused.error.message.includes(String(memoryLimitBytes)) && refused.error.message.includes("2147483648"), refused.error.message);
+      }
+    }
+  });
+  assert.equal(badLimitWorkers, 0, "不合法的内存上限不该启动 worker");
+  assert.deepEqual(memoryUntouched, []);
+  assert.deepEqual(await run("return 'at the limit';", { memoryLimitBytes: MAX_CODEMODE_MEMORY_LIMIT_BYTES }), { ok: true, value: "at the limit", output: [], calls: [] }, "正好 2 GiB 仍然可以");
+
   const deep = await run("function down(n) { return down(n + 1) + 1; }\ntry { down(0); } catch (error) { return error.name; }");
   assert.deepEqual(deep, { ok: true, value: "RangeError", output: [], calls: [] }, "深递归应是脚本能 catch 的 RangeError");
 
@@ -379,6 +430,11 @@ test("Lab 16.1 · 每次执行都是一台新虚拟机；16 MiB 上限下耗尽�
     assert.deepEqual(sandboxOnly(broken), sandboxFailure);
     if (!broken.ok) assert.match(broken.error.message, /wasm 今天编译不了/);
     assert.deepEqual(await copy.runCodemodeScript("return 2;"), { ok: true, value: 2, output: [], calls: [] }, "编译失败不能被缓存下来");
+    // 编译成功的结果要缓存：之后每次拿到的都是同一个 Promise、同一个模块，不再重新读文件、重新编译。
+    const cached = copy.loadQuickJSWasm();
+    assert.equal(copy.loadQuickJSWasm(), cached, "第二次调用应当拿到缓存的同一个 Promise");
+    const compiled = await cached;
+    assert.equal(await copy.loadQuickJSWasm(), compiled, "兑现之后再调用，拿到的还是同一个模块");
     // worker 一起来就退出、一起来就抛错：都是 sandbox 结果，消息说明了发生什么。
     await writeFile(path.join(copyDir, "codemode-worker.js"), "process.exit(3);\n");
     const exited = await copy.runCodemodeScript("return 1;");
@@ -405,6 +461,10 @@ test("Lab 16.1 · 每次执行都是一台新虚拟机；16 MiB 上限下耗尽�
     const unreadable = await fake([{ type: "done", ok: true, value: "{不是 JSON" }]);
     assert.deepEqual(sandboxOnly(unreadable), sandboxFailure);
     if (!unreadable.ok) assert.match(unreadable.error.message, /unreadable value: \S/);
+    // 超过上限的返回值：前导代码本来就不会交出来；worker 真交出来了，宿主也不收，是 sandbox。
+    const oversized = await fake([{ type: "done", ok: true, value: JSON.stringify("x".repeat(MAX_RESULT_CHARS)) }]);
+    assert.deepEqual(sandboxOnly(oversized), sandboxFailure);
+    if (!oversized.ok) assert.match(oversized.error.message, /over 1048576 characters/);
     // 点名一个不存在的工具：这次调用以 error 答复，消息里有那个名字。
     const unknown = await fake([{ type: "call", id: 1, name: "nope", args: "{}" }]);
     assert.deepEqual(unknown, { ok: false, error: { kind: "script", message: 'false Unknown tool "nope"' }, output: [], calls: [{ name: "nope", status: "error" }] });
@@ -443,6 +503,42 @@ test("Lab 16.1 · 等一个永远不会 settle 的 Promise：立刻失败，而�
   assert.deepEqual(afterCall.output, ["pong"]);
   assert.deepEqual(afterCall.calls, [{ name: "ping", status: "ok" }]);
   if (!afterCall.ok) assert.match(afterCall.error.message, /can never settle/);
+
+  // 不设期限（timeoutMs: Infinity）时，撑住宿主进程的只有 worker 自己。在一个别无他事的子进程里：
+  // 一段很快结束的脚本，宿主要等到它的结果；一段等着永远不答复的工具的脚本，宿主不该因为它停不下来——
+  // 工具被调用之后，脚本的进展全看那个工具，而工具什么也没撑住，进程应当自己退出。
+  const host = [
+    `import { runCodemodeScript } from ${JSON.stringify(new URL("../src/codemode.js", import.meta.url).href)};`,
+    "const quick = await runCodemodeScript('return \\'quick\\';', { timeoutMs: Infinity });",
+    "process.stdout.write(JSON.stringify(quick.ok && quick.value) + '\\n');",
+    "const hang = { execute: () => { process.stdout.write('called\\n'); return new Promise(() => {}); } };",
+    "runCodemodeScript('await tools.hang();', { tools: new Map([['hang', hang]]), timeoutMs: Infinity }).then(() => process.stdout.write('settled\\n'));",
+  ].join("\n");
+  const child = spawn(process.execPath, ["--input-type=module", "-e", host], { stdio: ["ignore", "pipe", "pipe"] });
+  let childOut = "";
+  let childErr = "";
+  child.stderr.on("data", (chunk: Buffer) => {
+    childErr += chunk.toString();
+  });
+  let hung = false;
+  const exitCode = await new Promise<number | null>((resolve) => {
+    let guard: NodeJS.Timeout | undefined;
+    child.stdout.on("data", (chunk: Buffer) => {
+      childOut += chunk.toString();
+      // 工具被调用之后，子进程再也没有事可做：10 秒还不退出，就是 worker 仍然拖着事件循环。
+      guard ??= setTimeout(() => {
+        hung = true;
+        child.kill("SIGKILL");
+      }, 10_000);
+    });
+    child.on("exit", (code) => {
+      clearTimeout(guard);
+      resolve(code);
+    });
+  });
+  assert.equal(hung, false, "工具被调用之后宿主进程没有自己退出：等着宿主答复的 worker 不该撑住事件循环（unref 要在接上 message 之后）");
+  assert.equal(childOut, '"quick"\ncalled\n', "先拿到快脚本的结果；第二段脚本的工具被调用，执行一直没有结束");
+  assert.equal(exitCode, 0, childErr);
 });
 
 test("Lab 16.1 · 输出有上限：超出时脚本以 RangeError 结束，已收下的输出保留，catch 之后也不能再打印", SLOW, async () => {
@@ -463,6 +559,19 @@ test("Lab 16.1 · 输出有上限：超出时脚本以 RangeError 结束，已�
   assert.equal(flood.output.length, MAX_OUTPUT_CHARS / chunk);
   assert.ok(flood.output.every((entry) => entry.length === chunk));
   assert.ok(!flood.output.includes("after catch"));
+
+  // 返回值会整段进入 transcript，上限比输出小：JSON 文本最多 MAX_RESULT_CHARS（1 MiB）个字符。
+  // 正好到上限还行；20 MiB 的返回值让脚本以 RangeError 失败，消息说出它有多长、上限是多少。
+  assert.equal(MAX_RESULT_CHARS, 1024 * 1024);
+  const fits = await run(`return 'x'.repeat(${MAX_RESULT_CHARS - 2});`);
+  assert.equal(fits.ok && typeof fits.value === "string" && fits.value.length, MAX_RESULT_CHARS - 2);
+  const huge = await run("return 'x'.repeat(20 * 1024 * 1024);");
+  assert.equal(huge.ok, false, "20 MiB 的返回值不能原样交回");
+  if (!huge.ok) {
+    assert.equal(huge.error.kind, "script");
+    assert.equal(huge.error.name, "RangeError");
+    assert.equal(huge.error.message, `The script's return value is ${20 * 1024 * 1024 + 2} characters of JSON, over the limit of ${MAX_RESULT_CHARS}. Return a summary instead.`);
+  }
 
   const empty = await run("for (;;) console.log('');");
   assert.equal(empty.ok, false);
@@ -691,17 +800,23 @@ test("Lab 16.3 · 死循环和等不到的工具都在期限到时以 timeout �
 
   // 不是正数的期限：不启动 worker，直接以 sandbox 结束，工具一次都不调用。
   const untouched: unknown[] = [];
-  for (const timeoutMs of [0, -5, Number.NaN]) {
-    const refused = await runCodemodeScript("await tools.add({}); return 1;", {
-      tools: new Map([["add", recordingTool(() => ({ text: "1" }), untouched)]]),
-      timeoutMs,
-    });
-    assert.deepEqual({ ok: refused.ok, kind: !refused.ok && refused.error.kind, calls: refused.calls }, { ok: false, kind: "sandbox", calls: [] }, `timeoutMs: ${timeoutMs}`);
-  }
+  const badTimeoutWorkers = await countWorkers(async () => {
+    for (const timeoutMs of [0, -5, Number.NaN]) {
+      const refused = await runCodemodeScript("await tools.add({}); return 1;", {
+        tools: new Map([["add", recordingTool(() => ({ text: "1" }), untouched)]]),
+        timeoutMs,
+      });
+      assert.deepEqual({ ok: refused.ok, kind: !refused.ok && refused.error.kind, calls: refused.calls }, { ok: false, kind: "sandbox", calls: [] }, `timeoutMs: ${timeoutMs}`);
+    }
+  });
   assert.deepEqual(untouched, []);
+  assert.equal(badTimeoutWorkers, 0, "不合法的期限不该启动 worker");
 
   // 期限从构造时就开始算，worker 启动也在里面。机器一忙，启动就可能比任何固定的期限还慢，
   // 所以这里换成 node:test 的模拟时钟：等工具真的开始等待，再把时钟拨过期限。
+  // 模拟的定时器不撑住事件循环，worker 又已 unref：用一个真的 setInterval 让测试进程等到结果。
+  const holdOpen = setInterval(() => {}, 60_000);
+  t.after(() => clearInterval(holdOpen));
   t.mock.timers.enable({ apis: ["setTimeout"] });
   const waiting = waitingTool();
   const stalling = run("await tools.wait({});\nreturn 'never';", { tools: new Map([["wait", waiting.tool]]), timeoutMs: 2_000 });
@@ -711,6 +826,7 @@ test("Lab 16.3 · 死循环和等不到的工具都在期限到时以 timeout �
   t.mock.timers.tick(1);
   const stalled = await stalling;
   t.mock.timers.reset();
+  clearInterval(holdOpen);
   assert.equal(stalled.ok, false);
   if (!stalled.ok) assert.equal(stalled.error.kind, "timeout", "工具耗时也算在期限里");
   assert.deepEqual(stalled.calls, [{ name: "wait", status: "cancelled" }]);
@@ -724,13 +840,26 @@ test("Lab 16.3 · 死循环和等不到的工具都在期限到时以 timeout �
 
 test("Lab 16.3 · 调用者中止：脚本以 aborted 结束，嵌套调用在两层账本里都是 cancelled；已中止的 signal 不启动脚本", SLOW, async () => {
   // 已经中止的 signal：脚本一行都不跑，工具一次都不调用。
+  // 数的是真正启动的 worker：结果交出之后再起一个 worker 也是泄漏，哪怕它发来的消息都被忽略。
   const ran: unknown[] = [];
-  const early = await run("await tools.add({}); return 1;", {
-    tools: new Map([["add", recordingTool(() => ({ text: "1" }), ran)]]),
-    signal: AbortSignal.abort(new Error("too late")),
+  let early: CodemodeScriptResult | undefined;
+  const earlyWorkers = await countWorkers(async () => {
+    early = await run("await tools.add({}); return 1;", {
+      tools: new Map([["add", recordingTool(() => ({ text: "1" }), ran)]]),
+      signal: AbortSignal.abort(new Error("too late")),
+    });
   });
   assert.deepEqual(early, { ok: false, error: { kind: "aborted", message: "too late" }, output: [], calls: [] });
+  assert.equal(earlyWorkers, 0, "已中止的 signal 不该启动 worker");
   assert.deepEqual(ran, []);
+
+  // 没有中止的 signal：每个出口（成功、脚本出错、超时）都摘掉挂在它上面的 abort 监听，调用者的 signal 上一个也不剩。
+  const kept = new AbortController();
+  for (const [code, extra] of [["return 1;", {}], ["throw new Error('no');", {}], ["for (;;) {}", { timeoutMs: 200 }]] as const) {
+    const finished = await run(code, { ...extra, signal: kept.signal });
+    assert.notEqual(!finished.ok && finished.error.kind, "aborted", code);
+    assert.equal(getEventListeners(kept.signal, "abort").length, 0, `${code}：执行结束之后，调用者的 signal 上不该再挂着监听`);
+  }
 
   let seenSignal: AbortSignal | undefined;
   let markStarted!: () => void;
