@@ -12,7 +12,7 @@ import { spawn } from "node:child_process";
 import { createInterface } from "node:readline";
 import path from "node:path";
 import fs from "fs-extra";
-import { REPO, tempDir } from "./harness-helpers.js";
+import { REPO, tempDir, prng } from "./harness-helpers.js";
 import { TaskStore } from "../packages/pi-course/src/task-runtime/task-store.js";
 import { readAuditLog, type AuditRecord } from "../packages/pi-course/src/guardrails/permissions.js";
 
@@ -23,16 +23,6 @@ const TASK = "audit-task";
 /** 单个子进程的上限：到点还没结束就算失败，整个测试因此有界。 */
 const CHILD_LIMIT_MS = 60_000;
 
-function prng(seed: number): () => number {
-  let state = seed >>> 0;
-  return () => {
-    state = (state + 0x6d2b79f5) >>> 0;
-    let t = state;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 interface ChildRun {
   /** 读到过的最大 ack：已确认的事件数与工具步骤数。 */

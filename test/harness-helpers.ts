@@ -133,3 +133,15 @@ export async function waitFor<T>(what: string, check: () => T | undefined, timeo
     await new Promise((resolve) => setTimeout(resolve, 50));
   }
 }
+
+/** mulberry32：32 位种子，确定的 [0, 1) 序列；崩溃测试与负载测试用它把“随机”变成可重放。 */
+export function prng(seed: number): () => number {
+  let state = seed >>> 0;
+  return () => {
+    state = (state + 0x6d2b79f5) >>> 0;
+    let t = state;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4_294_967_296;
+  };
+}

@@ -15,6 +15,8 @@ import path from "node:path";
 import { performance } from "node:perf_hooks";
 import { test } from "node:test";
 
+import { prng } from "./harness-helpers.js";
+
 import { AssistantMessageEventStream } from "../packages/pi-course/src/event-stream.js";
 import { createBudgetHooks } from "../packages/pi-course/src/guardrails/budget.js";
 import { createLoopGuardHooks } from "../packages/pi-course/src/guardrails/loop-guard.js";
@@ -40,17 +42,6 @@ import {
 const TASKS = 500;
 const CONCURRENCY = 50;
 
-/** mulberry32：32 位状态的小型伪随机数发生器，同一个种子永远给出同一串数。 */
-function prng(seed: number): () => number {
-  let state = seed >>> 0;
-  return () => {
-    state = (state + 0x6d2b79f5) >>> 0;
-    let t = state;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4_294_967_296;
-  };
-}
 
 type Fate = "ok" | "transient" | "exhausted" | "fatal" | "toolError" | "abort";
 
