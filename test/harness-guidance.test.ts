@@ -147,6 +147,13 @@ test("lab --held-out：在 target 的临时副本上运行学习者的教学文�
   assert.equal(red.code, 1, red.stdout + red.stderr);
   assert.match(red.stdout, /Lab \d+\.\d+: 0\/\d+/);
   assert.ok(red.stdout.includes(capstone.firstRed), red.stdout);
+  // Run from the course root, every lab command it suggests goes into the learner's folder (a bare one would run
+  // the course's own answer), and the closing line says to finish the chapter first.
+  const suggested = lines(red.stdout).filter((line) => line.includes("npm run lab -w @pi/course -- "));
+  assert.ok(suggested.length > 0, red.stdout);
+  for (const line of suggested) assert.ok(line.includes(`cd ${quotePath(dir)} && npm run lab -w @pi/course -- `), line);
+  assert.ok(lines(red.stdout).at(-1)!.startsWith("你的练习目录里还有没完成的 lab"), red.stdout);
+  assert.doesNotMatch(red.stdout, /target|清单|heldOutTests/);
   // The learner finishes the chapter: their files are now the target's.
   for (const file of capstone.teachingFiles) await fs.copy(at(REPO, file), at(dir, file));
   const green = await course(REPO, "lab", [capstone.id, "--held-out", "--dir", dir]);
@@ -162,6 +169,8 @@ test("lab --held-out：在 target 的临时副本上运行学习者的教学文�
   const none = await course(REPO, "lab", [chapter.id, "--held-out", "--dir", practice]);
   assert.equal(none.code, 2);
   assert.match(none.stderr, /没有保留测试/);
+  assert.doesNotMatch(none.stderr, /清单|heldOutTests/);
+  assert.ok(none.stderr.includes(`有保留测试的章节：${capstone.id}`), none.stderr);
 });
 
 test("fault 只给章节时列出本章的故障练习；最后一个 lab 变绿时指向整章验收；测试被改过时即使全绿，脚本看到的也是非零退出", async () => {
