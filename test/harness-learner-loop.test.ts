@@ -357,6 +357,10 @@ test("练习目录根目录里不带 -w 的 npm run reset / fault / hint / progr
   const faultList = await run("npm", ["run", "fault", "--", chapter.id], { cwd: dir });
   assert.doesNotMatch(faultList.stderr, /Missing script/);
   assert.ok(faultList.stderr.includes(faultCommandLine()) || faultList.stderr.includes(fault.id), faultList.stderr);
+  // The course root has the same script: there reset says where it belongs instead of npm's Missing script.
+  const inCourse = await run("npm", ["run", "reset", "--", `${n}.1`], { cwd: REPO });
+  assert.doesNotMatch(inCourse.stderr, /Missing script/);
+  assert.match(inCourse.stderr, /reset 只在练习目录里使用/);
 });
 
 test("--coverage 的标题说出这次跑了哪些测试：只跑一个 lab 时不说“本章测试”，没加载的文件说是这个 lab 的测试没加载它", () => {
