@@ -13,7 +13,7 @@ import { loadCheckpoints, parseChapterArg } from "./model/manifest.js";
 import { PACKAGE_DIR, PRACTICE_MANIFEST, ROOT, inTree, isPracticeRoot } from "./model/paths.js";
 import { faultLine, readFaultsDone, tamperedTests } from "./model/practice-state.js";
 import { type PracticeManifest, readPracticeManifest } from "./model/practice-manifest.js";
-import { nextStepsAfterGreen } from "./model/next-steps.js";
+import { labCommandHere, nextStepsAfterGreen } from "./model/next-steps.js";
 import { quotePath } from "./model/quote.js";
 import { livePracticeFolders, recordProgress } from "./model/progress.js";
 
@@ -31,18 +31,6 @@ function courseRootBanner(id: string, arg: string, after = false): string {
     ? `你的第 ${id} 章练习目录：${folders.map(quotePath).join("、")}；在那里运行：cd ${quotePath(folders[folders.length - 1]!)} && npm run lab -w @pi/course -- ${arg}`
     : `还没有第 ${id} 章的练习目录，先建一个：npm run practice -w @pi/course -- ${id} ../pi-practice-${id}`;
   return `这里是课程仓库：${after ? "上面" : "下面"}跑的是课程自己的答案，不是你的代码。${where}`;
-}
-
-/**
- * The command that runs one lab on the learner's own code from here. In the course root `lab` runs the course's
- * answer, so the command goes into the learner's practice folder (or says how to make one).
- */
-function runLabCommand(id: string, lab: string): string {
-  const command = `npm run lab -w @pi/course -- ${lab}`;
-  if (isPracticeRoot()) return command;
-  const folders = practiceFoldersOf(id);
-  if (folders.length > 0) return `在你的练习目录里：cd ${quotePath(folders[folders.length - 1]!)} && ${command}`;
-  return `在你的练习目录里运行 ${command}；还没有的话先建一个：npm run practice -w @pi/course -- ${id} ../pi-practice-${id}`;
 }
 
 /** The chapter ids of the course this practice folder came from, when that checkout is still there. */
@@ -130,7 +118,7 @@ async function once(id: string, lab: string | undefined, watching = false,
   // Only a green chapter shows them: after a reset or a new red, those exercises no longer describe this code.
   const done = own && lab === undefined && report.ok ? readFaultsDone(ROOT) : [];
   const faults = (own?.faults ?? []).filter((f) => done.some((d) => d.id === f.id)).map(faultLine);
-  const labCommand = (other: string): string => runLabCommand(id, other);
+  const labCommand = (other: string): string => labCommandHere(ROOT, inPractice, id, other);
   console.log(formatLabReport(report, lab === undefined, faults, labCommand));
   if (report.ok) {
     const suffix = tampered.length > 0 ? "（但测试被改过，这次通过不算数）" : "";

@@ -9,6 +9,8 @@ import { loadCheckpoints, parseManifest } from "../scripts/model/manifest.js";
 import { ensureHistory } from "../scripts/model/history.js";
 import { HINT_RUNGS, quotedCodeLines } from "../scripts/model/hints.js";
 import { quotePath } from "../scripts/model/quote.js";
+import { labCommandHere } from "../scripts/model/next-steps.js";
+import { formatLabReport } from "../scripts/model/labs.js";
 import { REPO, at, copyCourse, course, lines, linkNodeModules, realChapter, tempDir } from "./harness-helpers.js";
 
 const checkpoints = loadCheckpoints();
@@ -134,6 +136,21 @@ test("lab --coverage：c8 给出教学文件的行与分支覆盖率，没有测
   } finally {
     await fs.writeFile(source, before);
   }
+});
+
+test("课程仓库里的红灯等待另一个 lab 时，建议的命令进入学习者的练习目录（在课程仓库里直接跑只会跑课程的答案）", async () => {
+  const command = `npm run lab -w @pi/course -- ${n}.1`;
+  assert.equal(labCommandHere(courseCopy, false, chapter.id, `${n}.1`), `在你的练习目录里：cd ${quotePath(practice)} && ${command}`);
+  const empty = path.join(scratch, "no-practice-yet");
+  await fs.ensureDir(empty);
+  assert.equal(labCommandHere(empty, false, chapter.id, `${n}.1`),
+    `在你的练习目录里运行 ${command}；还没有的话先建一个：npm run practice -w @pi/course -- ${chapter.id} ../pi-practice-${chapter.id}`);
+  assert.equal(labCommandHere(practice, true, chapter.id, `${n}.1`), command);
+  // The report's wait lines carry that command.
+  const outcome = { name: `Lab ${n}.2 · x`, file: "f", passed: false, error: `Lab ${n}.1 某个函数 尚未实现` };
+  const report = { file: "f", buildMs: 0, testMs: 0, ok: false, verdicts: [{ lab: `${n}.2`, expected: 1, passed: 0, ran: 1, outcomes: [outcome] }] };
+  const text = formatLabReport(report, false, [], (lab) => labCommandHere(courseCopy, false, chapter.id, lab));
+  assert.ok(text.includes(`先完成 Lab ${n}.1（在你的练习目录里：cd ${quotePath(practice)} && ${command}）`), text);
 });
 
 test("lab --held-out：在 target 的临时副本上运行学习者的教学文件，保留测试从不进入练习目录", async () => {
