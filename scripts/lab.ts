@@ -171,7 +171,13 @@ async function pickInteractively(): Promise<string> {
 }
 
 async function heldOut(id: string, dirArg: string): Promise<boolean> {
-  if (isPracticeRoot()) throw new CourseError("保留测试只在课程仓库里运行（它们从不进入练习目录）：回到课程仓库，再用 --dir 指向这个练习目录。", 2);
+  if (isPracticeRoot()) {
+    const courseRoot = readPracticeManifest(ROOT).courseRoot;
+    const command = `npm run lab -w @pi/course -- ${Number(id)} --held-out --dir ${quotePath(ROOT)}`;
+    throw new CourseError(courseRoot
+      ? `保留测试只在课程仓库里运行（它们从不进入练习目录）。到课程仓库运行：cd ${quotePath(courseRoot)} && ${command}`
+      : `保留测试只在课程仓库里运行（它们从不进入练习目录）。到你克隆的课程仓库里运行：${command}`, 2);
+  }
   const { ensureHistory } = await import("./model/history.js");
   const { runHeldOut } = await import("./model/held-out.js");
   const { resolveFromCaller } = await import("./model/paths.js");

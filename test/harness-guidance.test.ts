@@ -180,6 +180,7 @@ test("lab --held-out：在 target 的临时副本上运行学习者的教学文�
   const inside = await course(dir, "lab", [capstone.id, "--held-out", "--dir", "."], { caller: dir });
   assert.equal(inside.code, 2);
   assert.match(inside.stderr, /只在课程仓库里运行/);
+  assert.ok(inside.stderr.trim().endsWith(`&& npm run lab -w @pi/course -- ${Number(capstone.id)} --held-out --dir ${quotePath(dir)}`), inside.stderr);
   const wrong = await course(REPO, "lab", [capstone.id, "--held-out", "--dir", practice]);
   assert.equal(wrong.code, 2);
   assert.match(wrong.stderr, new RegExp(`是第 ${chapter.id} 章的练习目录`));
