@@ -12,7 +12,8 @@ import { type ChapterSpec, type LabReport, compareLab, firstWait, formatLabRepor
 import { loadCheckpoints, parseChapterArg } from "./model/manifest.js";
 import { PACKAGE_DIR, PRACTICE_MANIFEST, ROOT, inTree, isPracticeRoot } from "./model/paths.js";
 import { faultLine, readFaultsDone, tamperedTests } from "./model/practice-state.js";
-import { type PracticeManifest, faultCommand, readPracticeManifest } from "./model/practice-manifest.js";
+import { type PracticeManifest, readPracticeManifest } from "./model/practice-manifest.js";
+import { labCommandHere, nextStepsAfterGreen } from "./model/next-steps.js";
 import { quotePath } from "./model/quote.js";
 import { livePracticeFolders, recordProgress } from "./model/progress.js";
 
@@ -85,16 +86,14 @@ function missingTeachingFile(practice: PracticeManifest): void {
   throw new CourseError(`教学文件 ${missing} 不见了（删掉了，还是改了名？）。恢复它的脚手架：npm run reset -w @pi/course -- ${lab}（现有的版本会先备份）`, 2);
 }
 
-/** The lines after a green whole chapter in a practice folder: the fault exercise and the acceptance questions. */
-function nextSteps(practice: PracticeManifest): string[] {
-  const done = new Set(readFaultsDone(ROOT).map((d) => d.id));
-  const open = (practice.faults ?? []).filter((f) => !done.has(f.id));
-  if (open.length === 0) return ["故障练习都做过了（见上面的 fault 行）。最后回答 GUIDE.md「验收清单」里的问题。"];
-  return [
-    "下一步：故障练习（GUIDE.md「故障练习」），在这里运行：",
-    ...open.map((f) => `  ${faultCommand(practice.id, f.id)}   # Lab ${f.lab}`),
-    "然后回答 GUIDE.md「验收清单」里的问题。",
-  ];
+/** The pointer after a green lab: the next lab's own command, or the whole chapter after the last one. */
+function afterLab(spec: ChapterSpec, id: string, lab: string): string {
+  const whole = `npm run lab -w @pi/course -- ${Number(id)}`;
+  const labs = spec.labs?.map((l) => l.id) ?? earlierLabs(id);
+  const at = labs.indexOf(lab);
+  if (at >= 0 && at === labs.length - 1) return `这是本章最后一个 lab；下一步：运行整章验收 ${whole}`;
+  if (at >= 0) return `下一步：Lab ${labs[at + 1]}，运行 npm run lab -w @pi/course -- ${labs[at + 1]}（或整章：${whole}）`;
+  return `下一步：运行整章 ${whole}`;
 }
 
 /** One verdict; `produce` makes it (a cold build and test run, or the next build of the watch loop). */
@@ -119,16 +118,15 @@ async function once(id: string, lab: string | undefined, watching = false,
   // Only a green chapter shows them: after a reset or a new red, those exercises no longer describe this code.
   const done = own && lab === undefined && report.ok ? readFaultsDone(ROOT) : [];
   const faults = (own?.faults ?? []).filter((f) => done.some((d) => d.id === f.id)).map(faultLine);
-  console.log(formatLabReport(report, lab === undefined, faults));
+  const labCommand = (other: string): string => labCommandHere(ROOT, inPractice, id, other);
+  console.log(formatLabReport(report, lab === undefined, faults, labCommand));
   if (report.ok) {
     const suffix = tampered.length > 0 ? "（但测试被改过，这次通过不算数）" : "";
-    const last = spec.labs !== undefined && spec.labs[spec.labs.length - 1]?.id === lab;
-    const next = last ? "这是本章最后一个 lab；下一步：运行整章验收" : "下一步：继续下一个 lab，或运行整章";
-    console.log(lab ? `Lab ${lab} 全部通过${suffix}。${next} npm run lab -w @pi/course -- ${Number(id)}` : `第 ${id} 章全部通过${suffix}。`);
-    if (own && lab === undefined && tampered.length === 0) for (const line of nextSteps(own)) console.log(line);
+    console.log(lab ? `Lab ${lab} 全部通过${suffix}。${afterLab(spec, id, lab)}` : `第 ${id} 章全部通过${suffix}。`);
+    if (own && lab === undefined && tampered.length === 0) for (const line of nextStepsAfterGreen(ROOT, own)) console.log(line);
   } else {
     const wait = firstWait(report);
-    if (wait) console.log(`Lab ${wait.lab} 等待 Lab ${wait.waiting}：先完成 Lab ${wait.waiting}（npm run lab -w @pi/course -- ${wait.waiting}），再回来。`);
+    if (wait) console.log(`Lab ${wait.lab} 等待 Lab ${wait.waiting}：先完成 Lab ${wait.waiting}（${labCommand(wait.waiting)}），再回来。`);
     else console.log(watching ? "先看第一条失败：它说明了缺什么；改完保存即可。" : "先看第一条失败：它说明了缺什么；改完保存后重新运行同一条命令（或加 --watch 让它自动重跑）。");
   }
   if (banner) console.log(courseRootBanner(id, arg, true));
@@ -152,7 +150,7 @@ async function withCoverage(id: string, lab: string | undefined): Promise<boolea
   try {
     const ok = await once(id, lab);
     const { formatCoverage, teachingCoverage } = await import("./model/coverage.js");
-    console.log(formatCoverage(await teachingCoverage(ROOT, raw, teachingFiles)));
+    console.log(formatCoverage(await teachingCoverage(ROOT, raw, teachingFiles), { chapter: id, lab }));
     return ok;
   } finally {
     delete process.env.NODE_V8_COVERAGE;
@@ -173,19 +171,35 @@ async function pickInteractively(): Promise<string> {
 }
 
 async function heldOut(id: string, dirArg: string): Promise<boolean> {
-  if (isPracticeRoot()) throw new CourseError("保留测试只在课程仓库里运行（它们从不进入练习目录）：回到课程仓库，再用 --dir 指向这个练习目录。", 2);
+  if (isPracticeRoot()) {
+    const courseRoot = readPracticeManifest(ROOT).courseRoot;
+    const command = `npm run lab -w @pi/course -- ${Number(id)} --held-out --dir ${quotePath(ROOT)}`;
+    throw new CourseError(courseRoot
+      ? `保留测试只在课程仓库里运行（它们从不进入练习目录）。到课程仓库运行：cd ${quotePath(courseRoot)} && ${command}`
+      : `保留测试只在课程仓库里运行（它们从不进入练习目录）。到你克隆的课程仓库里运行：${command}`, 2);
+  }
   const { ensureHistory } = await import("./model/history.js");
   const { runHeldOut } = await import("./model/held-out.js");
   const { resolveFromCaller } = await import("./model/paths.js");
   const checkpoints = loadCheckpoints();
   const c = checkpoints.find((x) => x.id === id);
   if (!c) throw new CourseError(`找不到 checkpoint ${id}；${USAGE}`, 2);
-  const report = await runHeldOut(c, await ensureHistory(checkpoints, { log: console.log }), resolveFromCaller(dirArg));
-  console.log(`保留测试 ${report.file}（在 target 的临时副本上运行你的教学文件；测试不会进入练习目录）`);
-  console.log(formatLabReport(report, false));
+  if (c.heldOutTests.length === 0) {
+    const some = checkpoints.filter((x) => x.heldOutTests.length > 0).map((x) => x.id);
+    throw new CourseError(`第 ${id} 章没有保留测试${some.length > 0 ? `；有保留测试的章节：${some.join("、")}` : ""}。`, 2);
+  }
+  const dir = resolveFromCaller(dirArg);
+  const report = await runHeldOut(c, await ensureHistory(checkpoints, { log: console.log }), dir);
+  // Every command printed here runs the learner's code: the learner's folder, not the course root.
+  const inFolder = (command: string): string => `cd ${quotePath(dir)} && ${command}`;
+  console.log(`保留测试 ${report.file}（把你的教学文件放进本章完成后的代码的临时副本里运行；这些测试不会进入练习目录）`);
+  console.log(formatLabReport(report, false, [], (lab) => inFolder(`npm run lab -w @pi/course -- ${lab}`)));
   const passed = report.verdicts.reduce((sum, v) => sum + v.passed, 0);
   console.log(`held-out total: ${passed}/${report.verdicts.reduce((sum, v) => sum + v.ran, 0)}`);
-  console.log(report.ok ? "保留测试全部通过：你的实现在没见过的用例上也成立。" : "保留测试发现了聚焦测试没覆盖的情况：读第一条失败，回到练习目录里修，再运行同一条命令。");
+  const unfinished = report.verdicts.some((v) => v.outcomes.some((o) => !o.passed && /尚未实现/.test(o.error)));
+  if (report.ok) console.log("保留测试全部通过：你的实现在没见过的用例上也成立。");
+  else if (unfinished) console.log(`你的练习目录里还有没完成的 lab（上面的“尚未实现”）：先让整章变绿（${inFolder(`npm run lab -w @pi/course -- ${Number(id)}`)}），再回到这里运行同一条命令。`);
+  else console.log("保留测试发现了本章测试没覆盖的情况：读第一条失败，回到练习目录里改你的代码，再回到这里运行同一条命令。");
   return report.ok;
 }
 

@@ -8,6 +8,7 @@ import { livePracticeFolders, progressBar, readProgress, recordProgress } from "
 import { ROOT, isPracticeRoot } from "./model/paths.js";
 import { readPracticeManifest } from "./model/practice-manifest.js";
 import { quotePath } from "./model/quote.js";
+import { nextStepsAfterGreen } from "./model/next-steps.js";
 
 function courseRootView(): number {
   // Folders the learner (or a test run) has since deleted are dropped from the list for good.
@@ -47,7 +48,8 @@ await main(async (args) => {
   console.log(`chapter total: ${passed}/${expected}`);
   const next = report.verdicts.find((v) => v.ran === 0 || v.passed < (v.expected ?? v.ran));
   if (!next) {
-    console.log("整章全绿。下一步：做 GUIDE.md 里的故障练习，再对照验收清单回答问题。");
+    console.log("整章全绿。");
+    for (const line of nextStepsAfterGreen(ROOT, practice)) console.log(line);
     return 0;
   }
   const red = next.outcomes.find((o) => !o.passed);

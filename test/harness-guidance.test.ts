@@ -9,6 +9,8 @@ import { loadCheckpoints, parseManifest } from "../scripts/model/manifest.js";
 import { ensureHistory } from "../scripts/model/history.js";
 import { HINT_RUNGS, quotedCodeLines } from "../scripts/model/hints.js";
 import { quotePath } from "../scripts/model/quote.js";
+import { labCommandHere } from "../scripts/model/next-steps.js";
+import { formatLabReport } from "../scripts/model/labs.js";
 import { REPO, at, copyCourse, course, lines, linkNodeModules, realChapter, tempDir } from "./harness-helpers.js";
 
 const checkpoints = loadCheckpoints();
@@ -136,6 +138,21 @@ test("lab --coverage：c8 给出教学文件的行与分支覆盖率，没有测
   }
 });
 
+test("课程仓库里的红灯等待另一个 lab 时，建议的命令进入学习者的练习目录（在课程仓库里直接跑只会跑课程的答案）", async () => {
+  const command = `npm run lab -w @pi/course -- ${n}.1`;
+  assert.equal(labCommandHere(courseCopy, false, chapter.id, `${n}.1`), `在你的练习目录里：cd ${quotePath(practice)} && ${command}`);
+  const empty = path.join(scratch, "no-practice-yet");
+  await fs.ensureDir(empty);
+  assert.equal(labCommandHere(empty, false, chapter.id, `${n}.1`),
+    `在你的练习目录里运行 ${command}；还没有的话先建一个：npm run practice -w @pi/course -- ${chapter.id} ../pi-practice-${chapter.id}`);
+  assert.equal(labCommandHere(practice, true, chapter.id, `${n}.1`), command);
+  // The report's wait lines carry that command.
+  const outcome = { name: `Lab ${n}.2 · x`, file: "f", passed: false, error: `Lab ${n}.1 某个函数 尚未实现` };
+  const report = { file: "f", buildMs: 0, testMs: 0, ok: false, verdicts: [{ lab: `${n}.2`, expected: 1, passed: 0, ran: 1, outcomes: [outcome] }] };
+  const text = formatLabReport(report, false, [], (lab) => labCommandHere(courseCopy, false, chapter.id, lab));
+  assert.ok(text.includes(`先完成 Lab ${n}.1（在你的练习目录里：cd ${quotePath(practice)} && ${command}）`), text);
+});
+
 test("lab --held-out：在 target 的临时副本上运行学习者的教学文件，保留测试从不进入练习目录", async () => {
   const capstone = checkpoints.find((c) => c.heldOutTests.length > 0)!;
   const dir = path.join(scratch, `p${capstone.id}`);
@@ -147,6 +164,13 @@ test("lab --held-out：在 target 的临时副本上运行学习者的教学文�
   assert.equal(red.code, 1, red.stdout + red.stderr);
   assert.match(red.stdout, /Lab \d+\.\d+: 0\/\d+/);
   assert.ok(red.stdout.includes(capstone.firstRed), red.stdout);
+  // Run from the course root, every lab command it suggests goes into the learner's folder (a bare one would run
+  // the course's own answer), and the closing line says to finish the chapter first.
+  const suggested = lines(red.stdout).filter((line) => line.includes("npm run lab -w @pi/course -- "));
+  assert.ok(suggested.length > 0, red.stdout);
+  for (const line of suggested) assert.ok(line.includes(`cd ${quotePath(dir)} && npm run lab -w @pi/course -- `), line);
+  assert.ok(lines(red.stdout).at(-1)!.startsWith("你的练习目录里还有没完成的 lab"), red.stdout);
+  assert.doesNotMatch(red.stdout, /target|清单|heldOutTests/);
   // The learner finishes the chapter: their files are now the target's.
   for (const file of capstone.teachingFiles) await fs.copy(at(REPO, file), at(dir, file));
   const green = await course(REPO, "lab", [capstone.id, "--held-out", "--dir", dir]);
@@ -156,12 +180,15 @@ test("lab --held-out：在 target 的临时副本上运行学习者的教学文�
   const inside = await course(dir, "lab", [capstone.id, "--held-out", "--dir", "."], { caller: dir });
   assert.equal(inside.code, 2);
   assert.match(inside.stderr, /只在课程仓库里运行/);
+  assert.ok(inside.stderr.trim().endsWith(`&& npm run lab -w @pi/course -- ${Number(capstone.id)} --held-out --dir ${quotePath(dir)}`), inside.stderr);
   const wrong = await course(REPO, "lab", [capstone.id, "--held-out", "--dir", practice]);
   assert.equal(wrong.code, 2);
   assert.match(wrong.stderr, new RegExp(`是第 ${chapter.id} 章的练习目录`));
   const none = await course(REPO, "lab", [chapter.id, "--held-out", "--dir", practice]);
   assert.equal(none.code, 2);
   assert.match(none.stderr, /没有保留测试/);
+  assert.doesNotMatch(none.stderr, /清单|heldOutTests/);
+  assert.ok(none.stderr.includes(`有保留测试的章节：${capstone.id}`), none.stderr);
 });
 
 test("fault 只给章节时列出本章的故障练习；最后一个 lab 变绿时指向整章验收；测试被改过时即使全绿，脚本看到的也是非零退出", async () => {

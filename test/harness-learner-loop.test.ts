@@ -7,6 +7,7 @@ import fs from "fs-extra";
 import { labPattern, loadCheckpoints, totalTests } from "../scripts/model/manifest.js";
 import { ensureHistory } from "../scripts/model/history.js";
 import { formatLabReport } from "../scripts/model/labs.js";
+import { formatCoverage } from "../scripts/model/coverage.js";
 import { labFiles } from "../scripts/model/practice-tree.js";
 import { materialiseAll } from "../scripts/model/starter-files.js";
 import { quotePath } from "../scripts/model/quote.js";
@@ -298,5 +299,80 @@ test("全章变绿后 lab 指向故障练习和验收问题；做过故障练习
   const second = lines((await course(dir, "lab", [String(n)])).stdout);
   const totalAt = second.indexOf(`chapter total: ${total}/${total}`);
   assert.equal(second[totalAt - 1], `fault ${fault.id}: Lab ${fault.lab} red → green`);
-  assert.ok(second.slice(totalAt + 1).some((line) => line.startsWith("故障练习都做过了")), second.join("\n"));
+  const doneLines = second.slice(totalAt + 1).filter((line) => line.startsWith("故障练习都做过了"));
+  assert.equal(doneLines.length, 1, second.join("\n"));
+
+  // progress reads the same record as lab: after the fault it no longer sends the learner to the fault exercise.
+  const progress = await course(dir, "progress", []);
+  assert.equal(progress.code, 0, progress.stderr);
+  const shown = lines(progress.stdout);
+  assert.ok(!shown.some((line) => line.includes("故障练习（GUIDE.md") || line.includes(faultCommandLine())), shown.join("\n"));
+  assert.ok(shown.includes(doneLines[0]!), `progress 与 lab 说同一句话：${shown.join("\n")}`);
+  assert.ok(doneLines[0]!.includes(fault.id));
+
+  // A green lab that is not the last one names the next lab's own command.
+  const one = await course(dir, "lab", [`${n}.1`]);
+  const next = chapter.labs[1]!.id;
+  assert.ok(lines(one.stdout).includes(`Lab ${n}.1 全部通过。下一步：Lab ${next}，运行 npm run lab -w @pi/course -- ${next}（或整章：npm run lab -w @pi/course -- ${n}）`), one.stdout);
+});
+
+function faultCommandLine(): string {
+  return `npm run fault -w @pi/course -- ${chapter.id} ${fault.id}`;
+}
+
+test("progress 在故障练习之前指向同样的 fault 命令（与 lab 共用一个函数）", async () => {
+  const dir = await practiceFolder({ green: true });
+  const progress = await course(dir, "progress", []);
+  assert.equal(progress.code, 0, progress.stderr);
+  const shown = lines(progress.stdout);
+  assert.ok(shown.includes("下一步：故障练习（GUIDE.md「故障练习」），在这里运行："), shown.join("\n"));
+  assert.ok(shown.some((line) => line.trim().startsWith(faultCommandLine())), shown.join("\n"));
+  assert.ok(!shown.some((line) => line.includes("下一步：做 GUIDE.md 里的故障练习")), shown.join("\n"));
+});
+
+test("dist/ 被删掉一部分：lab 发现编译产物不全，清掉增量记录重新构建，而不是报 Cannot find module", async () => {
+  const dir = await practiceFolder();
+  const first = await course(dir, "lab", [`${n}.1`]);
+  assert.match(first.stdout, new RegExp(`Lab ${n}\\.1: 0/`), first.stdout + first.stderr);
+  const compiled = at(dir, chapter.teachingFiles[0]!.replace("packages/pi-course/src/", "packages/pi-course/dist/src/").replace(/\.ts$/, ".js"));
+  assert.ok(fs.existsSync(compiled), compiled);
+  await fs.remove(compiled);
+  const again = await course(dir, "lab", [`${n}.1`]);
+  assert.doesNotMatch(again.stdout + again.stderr, /Cannot find module|ERR_MODULE_NOT_FOUND/);
+  assert.ok(lines(again.stdout).some((line) => line.startsWith("dist/ 不完整（例如缺少 ")), again.stdout);
+  assert.ok(again.stdout.includes(chapter.firstRed), again.stdout);
+  assert.ok(fs.existsSync(compiled), "重新构建后编译产物回来了");
+  const third = await course(dir, "lab", [`${n}.1`]);
+  assert.doesNotMatch(third.stdout, /dist\/ 不完整/, "完整的 dist/ 不再重建");
+});
+
+test("练习目录根目录里不带 -w 的 npm run reset / fault / hint / progress 与课程仓库一样可用（不是 npm 的 Missing script）", async () => {
+  const dir = await practiceFolder({ install: false });
+  const scripts = (JSON.parse(await fs.readFile(path.join(dir, "package.json"), "utf8")) as { scripts: Record<string, string> }).scripts;
+  for (const name of ["build", "lab", "hint", "progress", "fault", "reset", "checkpoint", "practice", "verify"]) assert.ok(scripts[name], `缺少根脚本 ${name}`);
+  await linkNodeModules(dir);
+  const reset = await run("npm", ["run", "reset", "--", `${n}.1`], { cwd: dir });
+  assert.doesNotMatch(reset.stderr, /Missing script/);
+  assert.match(reset.stderr, /^没有要恢复的：Lab /);
+  const faultList = await run("npm", ["run", "fault", "--", chapter.id], { cwd: dir });
+  assert.doesNotMatch(faultList.stderr, /Missing script/);
+  assert.ok(faultList.stderr.includes(faultCommandLine()) || faultList.stderr.includes(fault.id), faultList.stderr);
+  // The course root has the same script: there reset says where it belongs instead of npm's Missing script.
+  const inCourse = await run("npm", ["run", "reset", "--", `${n}.1`], { cwd: REPO });
+  assert.doesNotMatch(inCourse.stderr, /Missing script/);
+  assert.match(inCourse.stderr, /reset 只在练习目录里使用/);
+});
+
+test("--coverage 的标题说出这次跑了哪些测试：只跑一个 lab 时不说“本章测试”，没加载的文件说是这个 lab 的测试没加载它", () => {
+  const files = [
+    { file: "packages/pi-course/src/a.ts", lines: { covered: 3, total: 4 }, branches: { covered: 1, total: 2 }, uncovered: [[7, 7]] as Array<[number, number]> },
+    { file: "packages/pi-course/src/b.ts", lines: { covered: 0, total: 0 }, branches: { covered: 0, total: 0 }, uncovered: [] },
+  ];
+  const oneLab = formatCoverage(files, { chapter: "16", lab: "16.2" }).split("\n");
+  assert.equal(oneLab[0], "覆盖率（c8，只运行 Lab 16.2 的测试时教学文件被执行到的部分）：");
+  assert.ok(!oneLab.some((line) => line.includes("本章测试")), oneLab.join("\n"));
+  assert.equal(oneLab.at(-1), "  packages/pi-course/src/b.ts：Lab 16.2 的测试没有加载它（整章运行时可能会）");
+  const whole = formatCoverage(files, { chapter: "16" }).split("\n");
+  assert.equal(whole[0], "覆盖率（c8，运行第 16 章全部测试时教学文件被执行到的部分）：");
+  assert.equal(whole.at(-1), "  packages/pi-course/src/b.ts：没有任何测试加载它");
 });

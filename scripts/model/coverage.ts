@@ -72,11 +72,13 @@ function percent(part: { covered: number; total: number }): string {
   return part.total === 0 ? "—" : `${((100 * part.covered) / part.total).toFixed(1)} %`;
 }
 
-export function formatCoverage(files: FileCoverage[]): string {
-  const lines = ["覆盖率（c8，本章测试下的教学文件）："];
+/** `scope` says which tests ran: the whole chapter's, or one lab's (whose tests load only part of the files). */
+export function formatCoverage(files: FileCoverage[], scope: { chapter: string; lab?: string }): string {
+  const ran = scope.lab ? `只运行 Lab ${scope.lab} 的测试时` : `运行第 ${scope.chapter} 章全部测试时`;
+  const lines = [`覆盖率（c8，${ran}教学文件被执行到的部分）：`];
   for (const f of files) {
     if (f.lines.total === 0) {
-      lines.push(`  ${f.file}：没有任何测试加载它`);
+      lines.push(`  ${f.file}：${scope.lab ? `Lab ${scope.lab} 的测试没有加载它（整章运行时可能会）` : "没有任何测试加载它"}`);
       continue;
     }
     lines.push(`  ${f.file}：行 ${percent(f.lines)}（${f.lines.covered}/${f.lines.total}），分支 ${percent(f.branches)}（${f.branches.covered}/${f.branches.total}）`);

@@ -109,9 +109,11 @@ function waits(v: LabVerdict): string[] {
 
 /**
  * Human-readable report: `Lab 13.1: 0/2` lines with the first failure of each red test (or the lab it waits for),
- * then, for a whole chapter, the fault lines of this folder and the chapter total.
+ * then, for a whole chapter, the fault lines of this folder and the chapter total. `labCommand` is the command that
+ * runs one lab on the learner's code from where the learner is (in the course root that is a `cd` into their folder).
  */
-export function formatLabReport(report: LabReport, whole: boolean, faultLines: string[] = []): string {
+export function formatLabReport(report: LabReport, whole: boolean, faultLines: string[] = [],
+  labCommand: (lab: string) => string = (lab) => `npm run lab -w @pi/course -- ${lab}`): string {
   const lines: string[] = [];
   for (const v of report.verdicts) {
     const denominator = v.expected ?? v.ran;
@@ -127,7 +129,7 @@ export function formatLabReport(report: LabReport, whole: boolean, faultLines: s
       const other = waitingFor(v.lab, o.error);
       if (other) {
         lines.push(`      Lab ${v.lab} 等待 Lab ${other.lab}：这项测试要用到 Lab ${other.lab} 的部分，它还没实现（${other.label}）。`);
-        lines.push(`      先完成 Lab ${other.lab}（npm run lab -w @pi/course -- ${other.lab}），这项测试才测得到 Lab ${v.lab} 自己的代码。`);
+        lines.push(`      先完成 Lab ${other.lab}（${labCommand(other.lab)}），这项测试才测得到 Lab ${v.lab} 自己的代码。`);
         continue;
       }
       for (const line of failureExcerpt(o.error)) lines.push(`      ${line}`);

@@ -89,13 +89,24 @@ export async function writePracticeTree(c: Checkpoint, info: HistoryInfo, dest: 
   const lock = JSON.parse(await fs.readFile(lockPath, "utf8")) as LockFile;
   const rootPackage = learnerPackageJson(JSON.parse(await fs.readFile(inTree(ROOT, "package.json"), "utf8")) as Record<string, unknown>);
   await fs.writeFile(lockPath, `${JSON.stringify(fitLockfile(fitLockfile(lock, PACKAGE_DIR, snapshotPackage), "", rootPackage), null, 2)}\n`);
-  rootPackage.scripts = {
+  // Every harness command a guide prints with `-w @pi/course` also works from this folder's root without it, as in
+  // the course root; the course-only ones (checkpoint, practice, verify) then say where to run them.
+  const rootScripts: Record<string, string> = {
     build: "npm run build -w @pi/course",
     lab: "node scripts/launch.js lab",
     hint: "node scripts/launch.js hint",
     progress: "node scripts/launch.js progress",
+    fault: "node scripts/launch.js fault",
+    reset: "node scripts/launch.js reset",
+    checkpoint: "node scripts/launch.js checkpoint",
+    practice: "node scripts/launch.js practice",
+    verify: "node scripts/launch.js verify",
     test: "npm run build && node --test packages/pi-course/dist/test/*.test.js",
   };
+  // The package's runnable programs of this chapter (demo, trace, eval), forwarded with their arguments.
+  const packageScripts = (snapshotPackage.scripts ?? {}) as Record<string, string>;
+  for (const name of ["demo", "trace", "eval"]) if (packageScripts[name]) rootScripts[name] = `npm run ${name} -w @pi/course --`;
+  rootPackage.scripts = rootScripts;
   await fs.writeFile(inTree(dest, "package.json"), `${JSON.stringify(rootPackage, null, 2)}\n`);
   // The package's own scripts: `build` goes through the harness, so that a build before `npm install` says what to do.
   const packageFile = inTree(dest, `${PACKAGE_DIR}/package.json`);

@@ -15,8 +15,50 @@ const exec = promisify(execFile);
 
 export interface BuildResult { ok: boolean; output: string; ms: number }
 
-/** `tsc -p packages/pi-course/tsconfig.json` in `root` (incremental: only what changed is rebuilt). */
+/** The folders of the package that tsc compiles into dist/ (the package tsconfig's `include`). */
+const COMPILED_DIRS = ["src", "test-support", "test"];
+
+/**
+ * Sources whose compiled .js is missing from dist/ (a partly deleted dist/). tsc's incremental build trusts its
+ * .tsbuildinfo and would not write them again, so the tests would then fail with `Cannot find module`.
+ */
+export function missingOutputs(root: string): string[] {
+  const pkg = inTree(root, PACKAGE_DIR);
+  const missing: string[] = [];
+  const walk = (rel: string): void => {
+    let entries: fs.Dirent[];
+    try {
+      entries = fs.readdirSync(path.join(pkg, rel), { withFileTypes: true });
+    } catch {
+      return;
+    }
+    for (const entry of entries) {
+      const child = `${rel}/${entry.name}`;
+      if (entry.isDirectory()) walk(child);
+      else if (entry.name.endsWith(".ts") && !entry.name.endsWith(".d.ts") && !fs.existsSync(path.join(pkg, "dist", child.replace(/\.ts$/, ".js"))))
+        missing.push(`${PACKAGE_DIR}/dist/${child.replace(/\.ts$/, ".js")}`);
+    }
+  };
+  for (const dir of COMPILED_DIRS) walk(dir);
+  return missing;
+}
+
+/**
+ * `tsc -p packages/pi-course/tsconfig.json` in `root` (incremental: only what changed is rebuilt). When dist/ lacks
+ * outputs that the incremental state claims are there, the state is dropped and the package is built again whole.
+ */
 export async function buildPackage(root: string): Promise<BuildResult> {
+  const build = await compilePackage(root);
+  if (!build.ok) return build;
+  const missing = missingOutputs(root);
+  if (missing.length === 0) return build;
+  console.log(`dist/ 不完整（例如缺少 ${missing[0]}，共 ${missing.length} 个文件）：删掉 tsc 的增量记录，重新完整构建一次。`);
+  fs.rmSync(inTree(root, `${PACKAGE_DIR}/dist/.tsbuildinfo`), { force: true });
+  const again = await compilePackage(root);
+  return { ...again, ms: build.ms + again.ms };
+}
+
+async function compilePackage(root: string): Promise<BuildResult> {
   const started = Date.now();
   const tsc = findTsc(root);
   try {
