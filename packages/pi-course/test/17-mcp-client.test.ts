@@ -629,12 +629,12 @@ const fs = require("node:fs");
 const readline = require("node:readline");
 const write = (message) => process.stdout.write(JSON.stringify(message) + "\n");
 // FIXTURE_MARKS：把收尾的经过逐行记进这个文件。FIXTURE_STUBBORN：既不理会 stdin 关闭，也不理会 SIGTERM。
-// FIXTURE_STDERR：开始读 stdin 之前先往 stderr 写 1 MiB 日志。FIXTURE_GRANDCHILD：起一个握着 stdout 的孙进程。
+// FIXTURE_STDERR：开始读 stdin 之前先往 stderr 同步写 1 MiB 日志（写不进去就一直等在那里）。FIXTURE_GRANDCHILD：起一个握着 stdout 的孙进程。
 // FIXTURE_DEAF：答完 initialize 就再也不读 stdin。
 const mark = (what) => process.env.FIXTURE_MARKS && fs.appendFileSync(process.env.FIXTURE_MARKS, what + "\n");
 const stubborn = process.env.FIXTURE_STUBBORN === "1";
 mark("pid " + process.pid);
-if (process.env.FIXTURE_STDERR === "1") process.stderr.write("log line\n".repeat(128 * 1024));
+if (process.env.FIXTURE_STDERR === "1") fs.writeSync(2, "log line\n".repeat(128 * 1024));
 if (process.env.FIXTURE_GRANDCHILD === "1") {
   const grandchild = require("node:child_process").spawn(process.execPath, ["-e", "setInterval(() => {}, 1000)"], { stdio: ["ignore", "inherit", "ignore"] });
   mark("grandchild " + grandchild.pid);
@@ -816,7 +816,8 @@ test("Lab 17.4 · 真实子进程：握手、列出、调用；env 叠加在 pro
     assert.equal(processAlive(viaShell.pid!), false);
     await untilGone(shellServer, "经 sh -c 启动的服务器在 close 之后还活着");
 
-    // 服务器先往 stderr 写 1 MiB 日志才开始读 stdin：stderr 不接，它不会因为没人读而卡住，握手照常完成。
+    // 服务器先往 stderr 同步写 1 MiB 日志才开始读 stdin：stderr 不接（交给 /dev/null），它不会因为没人读而卡住，握手照常完成。
+    // 若 stderr 是一条没人读的管道，写满 64 KiB 之后服务器就停在那里，initialize 等到 5 秒超时，这里变红。
     const chatty = start({ FIXTURE_STDERR: "1" });
     const chattyClient = newClient({ requestTimeoutMs: 5_000 });
     assert.deepEqual((await chattyClient.connect(chatty)).serverInfo, { name: "stdio-fixture", version: "1" });
