@@ -18,6 +18,7 @@ import {
   type WriteDetails,
 } from "../src/coding-tools.js";
 import { ScriptedModel } from "../src/scripted-model.js";
+import { expectNoLeaks } from "../test-support/leak-check.js";
 import { executeToolCall, type ToolRegistry } from "../src/tool.js";
 import {
   assistantMessage,
@@ -112,11 +113,6 @@ async function waitForFile(file: string, ended: Promise<unknown>): Promise<void>
   } finally {
     watcher.close();
   }
-}
-
-/** 本进程此刻活着的计时器个数（node:test 自己的计时器在前后两次里都在，相减时抵消）。 */
-function activeTimers(): number {
-  return process.getActiveResourcesInfo().filter((name) => name === "Timeout").length;
 }
 
 function deferred<T = void>(): { promise: Promise<T>; resolve(value: T): void } {
@@ -641,12 +637,11 @@ test("Lab 8.5 · bash 在 workspace 里运行，保留退出码，guardrail 拦�
   const root = await workspace(t, "bash");
   const registry = tools(root);
 
-  // 传进一个从未取消的 signal：返回之后，工具挂上的 abort 监听和超时计时器都要摘掉。
+  // 传进一个从未取消的 signal：返回之后，工具挂上的 abort 监听、超时计时器、子进程与管道都不在了。
   const listening = new AbortController();
-  const timersBefore = activeTimers();
-  const ok = await run(registry, "bash", { command: "printf 'ok\\n'; pwd" }, listening.signal);
-  assert.equal(getEventListeners(listening.signal, "abort").length, 0, "返回之后 signal 上不该还挂着工具的监听");
-  assert.equal(activeTimers(), timersBefore, "返回之后不该还留着超时计时器");
+  const ok = await expectNoLeaks({ label: "一次正常结束的 bash", signals: [listening.signal] }, () =>
+    run(registry, "bash", { command: "printf 'ok\\n'; pwd" }, listening.signal),
+  );
   const output = expectOk(ok);
   assert.ok(output.startsWith("ok\n"), output);
   assert.equal(output.trimEnd().split("\n").at(-1), await realpath(root));
@@ -928,30 +923,31 @@ test("Lab 8.5 · 超时与取消都结束整个进程组，连忽略 SIGTERM 的
   assert.match(outputOf(detachedTimeout), /^before\n/);
   assert.match(outputOf(detachedTimeout), /可能仍在运行/);
 
-  // 这一段用真的计时器：返回之后，工具的计时器一个不剩（宽限的 SIGKILL 已经发完，不是还在排队），signal 上也没有它的监听。
-  const timersBefore = activeTimers();
+  // 这一段用真的计时器：返回之后，工具的计时器一个不剩（宽限的 SIGKILL 已经发完，不是还在排队），
+  // signal 上没有它的监听，子进程和管道也都关掉了。
   const realController = new AbortController();
-  const realPending = run(tools(root), "bash", { command: trapping("real-term.txt", "real-ready.txt") }, realController.signal);
-  await readyAt("real-ready.txt", realPending);
-  realController.abort();
-  const realCancelled = await realPending;
+  const realCancelled = await expectNoLeaks({ label: "取消一条 trap 命令", signals: [realController.signal] }, async () => {
+    const realPending = run(tools(root), "bash", { command: trapping("real-term.txt", "real-ready.txt") }, realController.signal);
+    await readyAt("real-ready.txt", realPending);
+    realController.abort();
+    return realPending;
+  });
   assert.equal(bashDetails(realCancelled).aborted, true, outputOf(realCancelled));
-  assert.equal(activeTimers(), timersBefore, "工具返回时宽限计时器还在排队：返回之前要等补发的 SIGKILL 发完");
-  assert.equal(getEventListeners(realController.signal, "abort").length, 0);
 
   const detachedController = new AbortController();
-  const detachedPending = run(tools(root), "bash", { command: detachedCommand("detached-b.pid") }, detachedController.signal);
-  await waitForFile(at("detached-b.pid"), detachedPending);
-  const pidB = Number((await readFile(at("detached-b.pid"), "utf8")).trim());
-  cleanup.push(pidB);
-  detachedController.abort();
-  const detachedAbort = await detachedPending;
+  let pidB = 0;
+  const detachedAbort = await expectNoLeaks({ label: "取消一条留下脱离进程组后代的命令", signals: [detachedController.signal] }, async () => {
+    const detachedPending = run(tools(root), "bash", { command: detachedCommand("detached-b.pid") }, detachedController.signal);
+    await waitForFile(at("detached-b.pid"), detachedPending);
+    pidB = Number((await readFile(at("detached-b.pid"), "utf8")).trim());
+    cleanup.push(pidB);
+    detachedController.abort();
+    return detachedPending;
+  });
   assert.equal(alive(pidB), true, "测试前提：脱离进程组的后代在返回时仍然活着");
   assert.equal(bashDetails(detachedAbort).aborted, true, outputOf(detachedAbort));
   assert.equal(bashDetails(detachedAbort).detachedMayRemain, true);
   assert.match(outputOf(detachedAbort), /可能仍在运行/);
-  assert.equal(activeTimers(), timersBefore, "工具返回之后不该还留着计时器");
-  assert.equal(getEventListeners(detachedController.signal, "abort").length, 0);
 });
 
 // ---------------------------------------------------------------------------

@@ -3,7 +3,6 @@
 // 按实验过滤：node --test --test-name-pattern="Lab 19.1" packages/pi-course/dist/test/19-*.test.js
 
 import assert from "node:assert/strict";
-import { getEventListeners } from "node:events";
 import test from "node:test";
 
 import {
@@ -34,6 +33,7 @@ import {
   type ToolCall,
   type ToolResultMessage,
 } from "../src/types.js";
+import { expectNoLeaks } from "../test-support/leak-check.js";
 
 // ---------------------------------------------------------------------------
 // 夹具
@@ -560,10 +560,9 @@ test("Lab 19.3 · 执行意图先于执行提交：一次 run 走完工具往返
   ]);
   const loopHarness = await open(new DurableStore(), loopModel, [{ tool: looping.tool, replay: "safe" }]);
   await loopHarness.prompt("c1", "loop");
-  await loopHarness.run({ signal: quiet.signal });
+  await expectNoLeaks({ label: "带着 signal 跑完三轮工具往返的 run", signals: [quiet.signal] }, () => loopHarness.run({ signal: quiet.signal }));
   assert.deepEqual(looping.contexts.map((context) => context.signal), [true, true, true]);
   assert.equal(texts(loopHarness, "c1").at(-1), "done");
-  assert.equal(getEventListeners(quiet.signal, "abort").length, 0, "run 返回之后 signal 上不该还挂着监听");
 });
 
 test("Lab 19.3 · safe 工具在执行中崩溃：重新打开后用记下的参数恰好重跑一次", HANG_GUARD, async () => {
