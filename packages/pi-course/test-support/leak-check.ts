@@ -40,7 +40,8 @@ interface Created {
  * 运行 work，记下它运行期间新建的每一个计时器、子进程、管道、套接字与 worker。work 结束之后先让事件循环
  * 转两轮（已经调用过 close 的句柄要到 close 阶段才真正关掉，销毁通知也在那之后才送达），再检查：
  * 这些资源都已销毁（还在、但已经 unref、不再拖住进程的不算）；每个 signal 上的 abort 监听不比开始时多。
- * 只看“这一次新建的”，所以之前的测试留下的东西不会算到这里，这里留下的也不会被别处抵消。返回 work 的结果。
+ * 只看“这一次新建的”，所以之前的测试留下的东西不会算到这里，这里留下的也不会被别处抵消。
+ * 记下的是这段时间里整个进程新建的资源：检查期间不要让别的并发工作（另一个内核、另一个服务器）同时运行。返回 work 的结果。
  */
 export async function expectNoLeaks<T>(options: LeakCheckOptions, work: () => Promise<T>): Promise<T> {
   const signals = options.signals ?? [];

@@ -928,6 +928,14 @@ test("Lab 20.3 · 同一条发送通道：并发请求排队一次一个；超�
     fs.rmSync(programs, { recursive: true, force: true });
   }
   await peerCheck;
+
+  // 对端与主内核都收拾完之后，单独拉起一个内核、跑一格、reset：它的子进程、管道与计时器都不在了。
+  // 泄漏检查记下的是这段时间里整个进程新建的资源，所以这一段不与别的内核交叠。
+  const last = pythonKernel();
+  await expectNoLeaks({ label: "拉起 python 内核、跑一格、再 reset" }, async () => {
+    assert.equal(await okValue(last, "1 + 1"), 2);
+    await last.reset();
+  });
 });
 
 // ---------------------------------------------------------------------------
