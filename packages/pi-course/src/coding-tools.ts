@@ -276,7 +276,11 @@ async function openParentDirectory(settings: Settings, target: string, input: st
       await mkdir(next).catch((error: NodeJS.ErrnoException) => {
         if (error.code !== "EEXIST") throw error;
       });
-      const child = await open(next, DIRECTORY_FLAGS);
+      const child = await open(next, DIRECTORY_FLAGS).catch((error: NodeJS.ErrnoException) => {
+        // 路径上的某一级是普通文件：说清是哪一级，而不是把内核的 ENOTDIR 原样交出去。
+        if (error.code === "ENOTDIR") throw new Error(`路径上的 ${part} 不是目录：${input}`);
+        throw error;
+      });
       await handle.close();
       handle = child;
       directory = { handle, real: await openedRealPath(handle, path.join(directory.real, part)) };
@@ -584,21 +588,35 @@ async function runCommand(
     letGo = () => resolve("gave-up");
   });
   let drainTimer: NodeJS.Timeout | undefined;
+  /** 宽限期里立刻补发 SIGKILL；没有正在等的宽限时为 undefined。 */
+  let killNow: (() => void) | undefined;
+  /** 工具已经返回：之后才落定的 Promise 不能再挂新的计时器。 */
+  let finished = false;
 
-  // 超时和取消都走这里；重复请求共用同一次“先 SIGTERM、稍后 SIGKILL”。
+  // 超时和取消都走这里：第一次请求先 SIGTERM，宽限过后 SIGKILL；之后的超时不再做什么，
+  // 但宽限期里到来的取消不再等宽限——调用方要的是“现在就停”，立刻补发 SIGKILL。
   const terminate = (why: "timeout" | "abort"): void => {
-    if (killStep !== undefined) return;
+    if (killStep !== undefined) {
+      if (why === "abort") {
+        aborted = true;
+        killNow?.();
+      }
+      return;
+    }
     if (why === "timeout") timedOut = true;
     else aborted = true;
     signalProcessGroup(child, "SIGTERM");
     killStep = new Promise((resolve) => {
-      setTimeout(() => {
+      const graceTimer = setTimeout(() => killNow?.(), settings.bashKillGraceMs);
+      killNow = () => {
+        killNow = undefined;
+        clearTimeout(graceTimer);
         signalProcessGroup(child, "SIGKILL");
         resolve();
-      }, settings.bashKillGraceMs);
+      };
     });
     void Promise.all([exited, killStep]).then(() => {
-      drainTimer = setTimeout(letGo, settings.bashPipeDrainMs);
+      if (!finished) drainTimer = setTimeout(letGo, settings.bashPipeDrainMs);
     });
   };
   const onAbort = (): void => terminate("abort");
@@ -619,6 +637,8 @@ async function runCommand(
     // 子进程关闭了，但忽略 SIGTERM 的后代可能还活着：等延迟的 SIGKILL 也发完再返回。
     if (killStep !== undefined) await killStep;
   } finally {
+    // 返回之后不留任何东西：计时器、调用方 signal 上的监听都摘掉。
+    finished = true;
     clearTimeout(timer);
     clearTimeout(drainTimer);
     signal?.removeEventListener("abort", onAbort);

@@ -359,12 +359,22 @@ export class DurableSession {
   async #run<T>(change: (tx: Transaction) => T | Promise<T>): Promise<T> {
     const writes: DurableWrite[] = [];
     let open = true;
+    /** 复制不了的值（函数、symbol……）：和 store 拒绝的其他值一样，整批以 StorageRejected 拒绝。 */
+    let refused: StorageRejected | undefined;
     const tx: Transaction = {
       get: (collection, id) => this.get(collection, id),
       list: (collection) => this.list(collection),
       put: (collection, id, value) => {
         if (!open) throw new Error("这次 change 已经结束，不能再 put");
-        writes.push({ collection: checkedCollection(collection), id, value: structuredClone(value) });
+        const checked = checkedCollection(collection);
+        let copy: JsonValue;
+        try {
+          copy = structuredClone(value);
+        } catch {
+          refused ??= new StorageRejected(`写入 ${checked}/${String(id)} 不是合法 JSON 记录`);
+          return;
+        }
+        writes.push({ collection: checked, id, value: copy });
       },
     };
     let result: T;
@@ -373,6 +383,7 @@ export class DurableSession {
     } finally {
       open = false;
     }
+    if (refused !== undefined) throw refused;
     if (writes.length === 0) return result;
     await this.store.commit(writes);
     this.#adopt(writes);
@@ -683,7 +694,8 @@ export class DurableHarness {
 
   /**
    * 最终提交（给出）：assistant entry + 每个调用一个 pending tool 任务（只在 toolUse 时）+ generation 的终态，
-   * 检查点清空。error / aborted 回复让 generation 以 failed 结束，不产生后续任务。
+   * 检查点清空。error / aborted 回复同样落盘、generation 同样 completed（这一步的结果已经记下了），只是不产生后续任务；
+   * 下一次 prompt 从一条新的 user 消息接着对话。failed 只留给结果没能记下的步骤。
    */
   async #finishGeneration(taskId: string, reply: AssistantMessage): Promise<void> {
     await this.#session.commit((tx) => {
@@ -710,9 +722,7 @@ export class DurableHarness {
           tx.put("tasks", tool.id, asJson(tool));
         }
       }
-      const failed = reply.stopReason === "error" || reply.stopReason === "aborted";
-      const done: GenerationTask = { ...task, status: failed ? "failed" : "completed", checkpoint: { phase: "request" } };
-      if (failed) done.error = reply.errorMessage ?? `模型回复以 ${reply.stopReason} 结束`;
+      const done: GenerationTask = { ...task, status: "completed", checkpoint: { phase: "request" } };
       tx.put("tasks", taskId, asJson(done));
     });
   }

@@ -26,6 +26,7 @@ import {
   type ModelStream,
   type ToolDefinition,
 } from "../src/types.js";
+import { expectNoLeaks } from "../test-support/leak-check.js";
 import { SECRET_SAMPLES } from "../test-support/secret-samples.js";
 
 // ---------------------------------------------------------------------------
@@ -862,12 +863,14 @@ test("Lab 5.3 · 流到一半中止：最后一个事件是 aborted，partial �
   const listening = new AbortController();
   const chatty = createOpenAICompatibleTransport({ baseUrl: "https://provider.invalid/v1", apiKey: API_KEY, fetch: chattyFetch });
   const heard: ProviderChunk[] = [];
-  for await (const item of chatty.stream({ model: "m", messages: [] }, { signal: listening.signal })) {
-    heard.push(item);
-    assert.ok(getEventListeners(listening.signal, "abort").length <= 1, `读第 ${heard.length} 块时 signal 上已有 ${getEventListeners(listening.signal, "abort").length} 个 abort 监听`);
-  }
+  // 读完之后 signal 上的监听回到 0 个，也没有留下计时器。
+  await expectNoLeaks({ label: "读完一条 40 块的流", signals: [listening.signal] }, async () => {
+    for await (const item of chatty.stream({ model: "m", messages: [] }, { signal: listening.signal })) {
+      heard.push(item);
+      assert.ok(getEventListeners(listening.signal, "abort").length <= 1, `读第 ${heard.length} 块时 signal 上已有 ${getEventListeners(listening.signal, "abort").length} 个 abort 监听`);
+    }
+  });
   assert.equal(heard.length, 41);
-  assert.equal(getEventListeners(listening.signal, "abort").length, 0, "流读完之后 signal 上不应留下 abort 监听");
 
   // 直接用传输：signal 已中止就不发请求，抛出的是 DOMException("Request was aborted", "AbortError")；
   // 没有人中止、fetch 却以 AbortError 失败时，对外也是这同一种中止错误，而不是脱敏后的普通 Error。

@@ -1,6 +1,8 @@
 import assert from "node:assert/strict";
-import { existsSync, readdirSync } from "node:fs";
+import { closeSync, constants as fsConstants, existsSync, openSync, readdirSync, watch } from "node:fs";
 import { link, mkdir, mkdtemp, readdir, readFile, realpath, rename, rm, stat, symlink, unlink, writeFile } from "node:fs/promises";
+import { execFileSync } from "node:child_process";
+import { getEventListeners } from "node:events";
 import os from "node:os";
 import path from "node:path";
 import test, { type TestContext } from "node:test";
@@ -16,6 +18,7 @@ import {
   type WriteDetails,
 } from "../src/coding-tools.js";
 import { ScriptedModel } from "../src/scripted-model.js";
+import { expectNoLeaks } from "../test-support/leak-check.js";
 import { executeToolCall, type ToolRegistry } from "../src/tool.js";
 import {
   assistantMessage,
@@ -82,12 +85,34 @@ function expectError(result: ToolResultMessage, pattern: RegExp): void {
   assert.equal(result.isError, true, outputOf(result));
 }
 
-async function waitForFile(file: string): Promise<void> {
-  for (let attempt = 0; attempt < 400; attempt += 1) {
+/**
+ * 等 file 出现：靠目录的变化事件（fs.watch），不轮询。同时与 ended（通常是那次工具调用）赛跑：
+ * 命令还没写出这个文件就结束了，说明实现有问题，这里报错而不是一直等下去。
+ * 子进程写有内容的文件时先写临时名再 mv：文件一出现，内容就是完整的。
+ */
+async function waitForFile(file: string, ended: Promise<unknown>): Promise<void> {
+  const watcher = watch(path.dirname(file));
+  try {
+    const appeared = new Promise<void>((resolve, reject) => {
+      watcher.on("change", () => {
+        if (existsSync(file)) resolve();
+      });
+      watcher.on("error", reject);
+    });
     if (existsSync(file)) return;
-    await new Promise((resolve) => setTimeout(resolve, 5));
+    const finishedFirst = ended.then(
+      (value) => {
+        if (existsSync(file)) return;
+        throw new Error(`命令在写出 ${path.basename(file)} 之前就结束了：${JSON.stringify(value)}`);
+      },
+      (error: unknown) => {
+        throw error;
+      },
+    );
+    await Promise.race([appeared, finishedFirst]);
+  } finally {
+    watcher.close();
   }
-  throw new Error(`等待文件超时：${file}`);
 }
 
 function deferred<T = void>(): { promise: Promise<T>; resolve(value: T): void } {
@@ -281,6 +306,30 @@ test("Lab 8.2 · workspace 拒绝词法越界和经由符号链接的逃逸，�
     assert.match(outputOf(device), /\/dev\/null/);
   }
 
+  // 命名管道（FIFO）也不是普通文件。没有写端时，普通的只读 open 会一直卡住：要以不阻塞的方式打开、再按类型拒绝。
+  // 正确的实现立刻返回错误；卡住的实现碰到这里的期限，测试替它接上一个写端解开，然后报红（期限只把挂住变成红灯）。
+  if (process.platform !== "win32") {
+    const fifo = path.join(root, "pipe.fifo");
+    execFileSync("mkfifo", [fifo]);
+    for (const [name, args] of [
+      ["read", { path: "pipe.fifo" }],
+      ["edit", { path: "pipe.fifo", oldText: "a", newText: "b" }],
+    ] as const) {
+      let rescued = false;
+      const guard = setTimeout(() => {
+        rescued = true;
+        try {
+          closeSync(openSync(fifo, fsConstants.O_WRONLY | fsConstants.O_NONBLOCK));
+        } catch {
+          // 没有读端在等：那就不是卡在 open 上。
+        }
+      }, 5_000);
+      const result = await run(registry, name, args).finally(() => clearTimeout(guard));
+      assert.equal(rescued, false, `${name} 打开 FIFO 时卡住了：没有写端时只读 open 要带 O_NONBLOCK`);
+      expectError(result, /不是普通文件：pipe\.fifo/);
+    }
+  }
+
   // 写 workspace 根目录本身（`.` 或根的绝对路径）：在建任何临时文件之前就拒绝，根目录外面什么也不出现。
   const besideRoot = async () => (await readdir(path.dirname(root))).filter((name) => name.startsWith(`${path.basename(root)}.`));
   for (const target of [".", root, ""]) {
@@ -378,6 +427,32 @@ test("Lab 8.3 · write 原子替换目录项，覆盖目录时失败且不留临
   assert.deepEqual(detailsOf<WriteDetails>(loose), { path: far, bytes: 3 });
   assert.equal(await readFile(far, "utf8"), "far");
   assert.deepEqual(await leftoverTemporaries(elsewhere), []);
+
+  // 路径上的某一级是普通文件：报一个说清是哪一级的错误，打开的目录都关掉，文件本身不变。
+  await writeFile(path.join(root, "plain.txt"), "plain");
+  await expectNoDescriptorLeak(async () => {
+    for (let round = 0; round < 10; round += 1) {
+      const under = await run(registry, "write", { path: "plain.txt/child.txt", content: "x" });
+      assert.equal(outputOf(under), "Tool write failed: 路径上的 plain.txt 不是目录：plain.txt/child.txt");
+      assert.equal(under.isError, true);
+    }
+  }, "10 次写到普通文件下面");
+  assert.equal(await readFile(path.join(root, "plain.txt"), "utf8"), "plain");
+  assert.deepEqual(await leftoverTemporaries(root), []);
+
+  // unrestricted 模式只按词法解析：cwd 是一个符号链接时，`../up.txt` 指的是链接所在目录里的 up.txt
+  // （与 details.path 一致），而不是链接目标的上一级。
+  const linkedHome = await workspace(t, "write-linked");
+  await mkdir(path.join(linkedHome, "real", "inner"), { recursive: true });
+  const linkedCwd = path.join(linkedHome, "cwd-link");
+  await symlink(path.join(linkedHome, "real", "inner"), linkedCwd);
+  const viaLink = tools(linkedCwd, { containment: "unrestricted" });
+  const up = await run(viaLink, "write", { path: "../up.txt", content: "up" });
+  expectOk(up);
+  assert.deepEqual(detailsOf<WriteDetails>(up), { path: path.join(linkedHome, "up.txt"), bytes: 2 });
+  assert.equal(await readFile(path.join(linkedHome, "up.txt"), "utf8"), "up");
+  assert.equal(existsSync(path.join(linkedHome, "real", "up.txt")), false, "写到了链接目标的上一级");
+  assert.equal(expectOk(await run(viaLink, "read", { path: "../up.txt" })), "   1│ up");
 });
 
 test("Lab 8.3 · MutationQueue：同 key 串行、异 key 不等待、失败不卡住后来者", { timeout: 2_000 }, async () => {
@@ -504,6 +579,14 @@ test("Lab 8.4 · 一批有先后依赖的精确替换一次写回，newText 为�
   const realShared = path.join(await realpath(root), "sub", "f.txt");
   assert.ok(runs.slice(3).every((entry) => entry.key === realShared), "两种拼法必须排进同一个 key");
   assert.deepEqual(await leftoverTemporaries(root), []);
+
+  // 中文文本：字符下标与字节下标不同。替换按字符进行，写回的是完整的 UTF-8，一个字节也不多、不少。
+  const greeting = path.join(root, "greeting.txt");
+  await writeFile(greeting, "你好世界\n");
+  const wide = await run(registry, "edit", { path: "greeting.txt", oldText: "好", newText: "坏" });
+  expectOk(wide);
+  assert.deepEqual(await readFile(greeting), Buffer.from("你坏世界\n", "utf8"));
+  assert.deepEqual(detailsOf<EditDetails>(wide), { path: greeting, oldBytes: 13, newBytes: 13, edits: 1 });
 });
 
 test("Lab 8.4 · 空批次、空 oldText、多处匹配、半批失败都报错，文件一字节不变", async (t) => {
@@ -549,7 +632,11 @@ test("Lab 8.5 · bash 在 workspace 里运行，保留退出码，guardrail 拦�
   const root = await workspace(t, "bash");
   const registry = tools(root);
 
-  const ok = await run(registry, "bash", { command: "printf 'ok\\n'; pwd" });
+  // 传进一个从未取消的 signal：返回之后，工具挂上的 abort 监听、超时计时器、子进程与管道都不在了。
+  const listening = new AbortController();
+  const ok = await expectNoLeaks({ label: "一次正常结束的 bash", signals: [listening.signal] }, () =>
+    run(registry, "bash", { command: "printf 'ok\\n'; pwd" }, listening.signal),
+  );
   const output = expectOk(ok);
   assert.ok(output.startsWith("ok\n"), output);
   assert.equal(output.trimEnd().split("\n").at(-1), await realpath(root));
@@ -691,36 +778,82 @@ test("Lab 8.5 · stdout 与 stderr 共用一份字节预算，超出时截断并
   assert.equal(bashDetails(narrow).truncated, true);
 });
 
-test("Lab 8.5 · 超时与取消都结束整个进程组，连忽略 SIGTERM 的孙进程也不放过", { timeout: 10_000 }, async (t) => {
+test("Lab 8.5 · 超时与取消都结束整个进程组，连忽略 SIGTERM 的孙进程也不放过", { timeout: 30_000 }, async (t) => {
   const root = await workspace(t, "bash-kill");
-  // 子 shell 收到 SIGTERM 时写下标记再退出；后台的 sleep 也在同一个进程组里。
-  const trapping = (marker: string, ready?: string): string =>
-    `trap 'printf term > ${marker}; exit 0' TERM; ${ready === undefined ? "" : `printf ready > ${ready}; `}sleep 30 > out.log 2>&1 & wait`;
+  const at = (name: string): string => path.join(root, name);
+  // 每条命令先装好 trap，再把自己的进程组号（shell 的 pid）写进 ready 文件：测试看到这个文件才触发超时或取消。
+  // 测试结束时按这些组号补一刀 SIGKILL，实现有错、测试失败时也不留下进程。
+  const groups: number[] = [];
+  t.after(() => {
+    for (const pid of groups) {
+      for (const target of [-pid, pid]) {
+        try {
+          process.kill(target, "SIGKILL");
+        } catch {
+          // 已经不在了。
+        }
+      }
+    }
+  });
+  const readyAt = async (name: string, ended: Promise<unknown>): Promise<number> => {
+    await waitForFile(at(name), ended);
+    const pid = Number((await readFile(at(name), "utf8")).trim());
+    assert.ok(pid > 1, `${name} 里应是一个 pid`);
+    groups.push(pid);
+    return pid;
+  };
+  const announce = (ready: string): string => `echo $$ > ${ready}.tmp; mv ${ready}.tmp ${ready}`;
+  // 收到 SIGTERM 时写下标记再退出；后台的 sleep 也在同一个进程组里。
+  const trapping = (marker: string, ready: string): string =>
+    `trap 'printf term > ${marker}; exit 0' TERM; ${announce(ready)}; sleep 30 > out.log 2>&1 & wait`;
 
-  // 超时从启动 shell 时算起，测试没法等它说“准备好了”；给足 2 秒，负载很高的机器上 trap 也早已装好。
-  // trap 要在 SIGKILL 之前轮到 CPU 才写得下标记：负载很高时默认的 100 ms 不够，这两处把宽限放宽到 1 秒。
-  const graceful = { bashKillGraceMs: 1_000 };
-  const timed = await run(tools(root, { bashTimeoutMs: 2_000, ...graceful }), "bash", { command: trapping("timeout-term.txt") });
+  // 工具的计时器（超时、宽限、等管道）换成测试手里的时钟：ready 出现之后才让超时到点，SIGTERM 的标记出现之后
+  // 才让宽限走完。机器再忙，超时也不会早于 trap，SIGKILL 也不会抢在标记之前。
+  t.mock.timers.enable({ apis: ["setTimeout"] });
+
+  const timedPending = run(tools(root, { bashTimeoutMs: 5_000 }), "bash", { command: trapping("timeout-term.txt", "timeout-ready.txt") });
+  await readyAt("timeout-ready.txt", timedPending);
+  t.mock.timers.tick(5_000);
+  await waitForFile(at("timeout-term.txt"), timedPending);
+  t.mock.timers.tick(100);
+  const timed = await timedPending;
   assert.equal(timed.isError, true, outputOf(timed));
   assert.equal(bashDetails(timed).timedOut, true);
   assert.equal(bashDetails(timed).aborted, false);
-  assert.equal(existsSync(path.join(root, "timeout-term.txt")), true, "超时应先发 SIGTERM，让子进程有机会收尾");
 
   const controller = new AbortController();
-  const pending = run(tools(root, graceful), "bash", { command: trapping("abort-term.txt", "abort-ready.txt") }, controller.signal);
-  await waitForFile(path.join(root, "abort-ready.txt"));
+  const pending = run(tools(root), "bash", { command: trapping("abort-term.txt", "abort-ready.txt") }, controller.signal);
+  await readyAt("abort-ready.txt", pending);
   controller.abort();
+  await waitForFile(at("abort-term.txt"), pending);
+  t.mock.timers.tick(100);
   const cancelled = await pending;
   assert.equal(cancelled.isError, true, outputOf(cancelled));
   assert.equal(bashDetails(cancelled).aborted, true);
   assert.equal(bashDetails(cancelled).timedOut, false);
-  assert.equal(existsSync(path.join(root, "abort-term.txt")), true);
+  assert.equal(getEventListeners(controller.signal, "abort").length, 0, "返回之后 signal 上不该还挂着工具的监听");
+
+  // 超时的宽限期里调用方取消：不再等完宽限（这里是 60 秒，时钟也不会替它走），立刻整组 SIGKILL 并返回；两件事都记下。
+  // 这条命令接住 SIGTERM 只记一笔、不退出，所以只有 SIGKILL 能结束它。
+  const hurry = new AbortController();
+  const stubborn = `trap 'printf term > grace-term.txt' TERM; ${announce("grace-ready.txt")}; while :; do sleep 1; done`;
+  const hurried = run(tools(root, { bashTimeoutMs: 5_000, bashKillGraceMs: 60_000 }), "bash", { command: stubborn }, hurry.signal);
+  await readyAt("grace-ready.txt", hurried);
+  t.mock.timers.tick(5_000);
+  await waitForFile(at("grace-term.txt"), hurried);
+  hurry.abort();
+  const hurriedResult = await hurried;
+  assert.equal(hurriedResult.isError, true, outputOf(hurriedResult));
+  assert.equal(bashDetails(hurriedResult).timedOut, true);
+  assert.equal(bashDetails(hurriedResult).aborted, true);
+  assert.equal(bashDetails(hurriedResult).exitCode, null, "只有 SIGKILL 结束得了这条命令");
+  assert.equal(getEventListeners(hurry.signal, "abort").length, 0);
 
   if (process.platform === "win32") return;
-  // 孙进程忽略 SIGTERM，并继承了输出管道：只有整组 SIGKILL 才能让命令在它写下 late.txt 之前结束（默认 100 ms 宽限；
-  // 3 秒远在其后，负载再高也不会被误判）。
+  // 孙进程忽略 SIGTERM（收到时写下标记），并继承了输出管道：只有整组 SIGKILL 才能让管道关上、命令结束。
+  // 它给自己留了 20 秒后写 late.txt 并退出的后路：实现漏了 SIGKILL 时测试因此变红，而不是一直挂着。
   await writeFile(
-    path.join(root, "parent.cjs"),
+    at("parent.cjs"),
     [
       "const { spawn } = require('node:child_process');",
       "const child = spawn(process.execPath, ['grandchild.cjs'], { stdio: 'inherit' });",
@@ -728,28 +861,30 @@ test("Lab 8.5 · 超时与取消都结束整个进程组，连忽略 SIGTERM 的
     ].join("\n"),
   );
   await writeFile(
-    path.join(root, "grandchild.cjs"),
+    at("grandchild.cjs"),
     [
       "const fs = require('node:fs');",
-      "process.on('SIGTERM', () => {});",
-      "fs.writeFileSync('grandchild-ready.txt', String(process.pid));",
-      "setTimeout(() => fs.writeFileSync('late.txt', 'too late'), 3000);",
+      "process.on('SIGTERM', () => fs.writeFileSync('grandchild-term.txt', 'term'));",
+      "fs.writeFileSync('grandchild-ready.tmp', String(process.pid));",
+      "fs.renameSync('grandchild-ready.tmp', 'grandchild-ready.txt');",
+      "setTimeout(() => fs.writeFileSync('late.txt', 'too late'), 20000);",
     ].join("\n"),
   );
   const groupController = new AbortController();
-  // 管道在孙进程被杀之后才关；负载很高时这要超过默认的 200 ms，所以这里多等一会儿（正常情况下 close 立刻就到，不会真等）。
-  const grouped = run(tools(root, { bashPipeDrainMs: 2_000 }), "bash", { command: "node parent.cjs" }, groupController.signal);
-  await waitForFile(path.join(root, "grandchild-ready.txt"));
+  const grouped = run(tools(root), "bash", { command: "node parent.cjs" }, groupController.signal);
+  await readyAt("grandchild-ready.txt", grouped);
   groupController.abort();
+  await waitForFile(at("grandchild-term.txt"), grouped);
+  t.mock.timers.tick(100);
   const groupResult = await grouped;
   assert.equal(bashDetails(groupResult).aborted, true, outputOf(groupResult));
-  assert.equal(existsSync(path.join(root, "late.txt")), false, "忽略 SIGTERM 的孙进程必须被整组 SIGKILL 清理");
+  assert.equal(existsSync(at("late.txt")), false, "忽略 SIGTERM 的孙进程必须被整组 SIGKILL 清理");
   assert.equal(bashDetails(groupResult).detachedMayRemain, undefined, "整组 SIGKILL 之后不该还有进程拿着输出管道");
 
   // 用 setsid 离开进程组的后代拿着输出管道不放：整组信号够不着它。超时或取消之后不能一直等管道关闭，
   // 要带着已经读到的输出返回，并说明可能有进程留了下来——返回时那个后代确实还活着。
   const detachedCommand = (pidFile: string) =>
-    `printf 'before\n'; setsid sh -c 'echo $$ > ${pidFile}; exec sleep 30' & while [ ! -s ${pidFile} ]; do sleep 0.01; done; sleep 30`;
+    `printf 'before\n'; setsid sh -c 'echo $$ > ${pidFile}.tmp; mv ${pidFile}.tmp ${pidFile}; exec sleep 30' & sleep 30`;
   const cleanup: number[] = [];
   t.after(() => {
     for (const pid of cleanup) {
@@ -760,14 +895,6 @@ test("Lab 8.5 · 超时与取消都结束整个进程组，连忽略 SIGTERM 的
       }
     }
   });
-  const readPid = async (name: string): Promise<number> => {
-    for (let attempt = 0; attempt < 400; attempt += 1) {
-      const content = existsSync(path.join(root, name)) ? await readFile(path.join(root, name), "utf8") : "";
-      if (/^\d+\n$/.test(content) && Number(content) > 1) return Number(content);
-      await new Promise((resolve) => setTimeout(resolve, 5));
-    }
-    throw new Error(`等待 ${name} 里的 pid 超时`);
-  };
   const alive = (pid: number): boolean => {
     try {
       process.kill(pid, 0);
@@ -776,21 +903,42 @@ test("Lab 8.5 · 超时与取消都结束整个进程组，连忽略 SIGTERM 的
       return false;
     }
   };
-  const detachedTimeout = await run(tools(root, { bashTimeoutMs: 1_000 }), "bash", { command: detachedCommand("detached-a.pid") });
-  const pidA = await readPid("detached-a.pid");
+  const detachedPendingA = run(tools(root, { bashTimeoutMs: 5_000 }), "bash", { command: detachedCommand("detached-a.pid") });
+  await waitForFile(at("detached-a.pid"), detachedPendingA);
+  const pidA = Number((await readFile(at("detached-a.pid"), "utf8")).trim());
   cleanup.push(pidA);
+  // 超时到点、宽限走完，然后换回真的时钟：等管道的那一小段由工具自己的计时器走完。
+  t.mock.timers.tick(5_000);
+  t.mock.timers.tick(100);
+  t.mock.timers.reset();
+  const detachedTimeout = await detachedPendingA;
   assert.equal(alive(pidA), true, "测试前提：脱离进程组的后代在返回时仍然活着");
   assert.equal(bashDetails(detachedTimeout).timedOut, true, outputOf(detachedTimeout));
   assert.equal(bashDetails(detachedTimeout).detachedMayRemain, true);
   assert.match(outputOf(detachedTimeout), /^before\n/);
   assert.match(outputOf(detachedTimeout), /可能仍在运行/);
 
+  // 这一段用真的计时器：返回之后，工具的计时器一个不剩（宽限的 SIGKILL 已经发完，不是还在排队），
+  // signal 上没有它的监听，子进程和管道也都关掉了。
+  const realController = new AbortController();
+  const realCancelled = await expectNoLeaks({ label: "取消一条 trap 命令", signals: [realController.signal] }, async () => {
+    const realPending = run(tools(root), "bash", { command: trapping("real-term.txt", "real-ready.txt") }, realController.signal);
+    await readyAt("real-ready.txt", realPending);
+    realController.abort();
+    return realPending;
+  });
+  assert.equal(bashDetails(realCancelled).aborted, true, outputOf(realCancelled));
+
   const detachedController = new AbortController();
-  const detachedPending = run(tools(root), "bash", { command: detachedCommand("detached-b.pid") }, detachedController.signal);
-  const pidB = await readPid("detached-b.pid");
-  cleanup.push(pidB);
-  detachedController.abort();
-  const detachedAbort = await detachedPending;
+  let pidB = 0;
+  const detachedAbort = await expectNoLeaks({ label: "取消一条留下脱离进程组后代的命令", signals: [detachedController.signal] }, async () => {
+    const detachedPending = run(tools(root), "bash", { command: detachedCommand("detached-b.pid") }, detachedController.signal);
+    await waitForFile(at("detached-b.pid"), detachedPending);
+    pidB = Number((await readFile(at("detached-b.pid"), "utf8")).trim());
+    cleanup.push(pidB);
+    detachedController.abort();
+    return detachedPending;
+  });
   assert.equal(alive(pidB), true, "测试前提：脱离进程组的后代在返回时仍然活着");
   assert.equal(bashDetails(detachedAbort).aborted, true, outputOf(detachedAbort));
   assert.equal(bashDetails(detachedAbort).detachedMayRemain, true);

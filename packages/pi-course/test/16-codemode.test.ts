@@ -1,6 +1,5 @@
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { getEventListeners } from "node:events";
 import { copyFile, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { createRequire, syncBuiltinESMExports } from "node:module";
 import path from "node:path";
@@ -41,6 +40,7 @@ import {
   type ToolCall,
   type ToolResultMessage,
 } from "../src/types.js";
+import { expectNoLeaks } from "../test-support/leak-check.js";
 
 // ---------------------------------------------------------------------------
 // 夹具
@@ -856,9 +856,9 @@ test("Lab 16.3 · 调用者中止：脚本以 aborted 结束，嵌套调用在�
   // 没有中止的 signal：每个出口（成功、脚本出错、超时）都摘掉挂在它上面的 abort 监听，调用者的 signal 上一个也不剩。
   const kept = new AbortController();
   for (const [code, extra] of [["return 1;", {}], ["throw new Error('no');", {}], ["for (;;) {}", { timeoutMs: 200 }]] as const) {
-    const finished = await run(code, { ...extra, signal: kept.signal });
+    // 执行结束之后也不留下计时器、worker 或消息端口。
+    const finished = await expectNoLeaks({ label: `${code} 执行结束`, signals: [kept.signal] }, () => run(code, { ...extra, signal: kept.signal }));
     assert.notEqual(!finished.ok && finished.error.kind, "aborted", code);
-    assert.equal(getEventListeners(kept.signal, "abort").length, 0, `${code}：执行结束之后，调用者的 signal 上不该再挂着监听`);
   }
 
   let seenSignal: AbortSignal | undefined;

@@ -1,6 +1,5 @@
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { getEventListeners } from "node:events";
 import { readFileSync } from "node:fs";
 import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
@@ -52,6 +51,7 @@ import {
   type SystemMessage,
   type ToolCall,
 } from "../src/types.js";
+import { expectNoLeaks } from "../test-support/leak-check.js";
 
 // ---------------------------------------------------------------------------
 // 夹具
@@ -561,13 +561,11 @@ test("Lab 17.3 · 取消：已中止的 signal 不发送，发送后中止带上
 
   // 应答先到的请求：它的计时器和挂在调用者 signal 上的 abort 监听都已取下。留下的计时器会让进程晚 30 秒才退出，
   // 留下的监听会随着同一个长寿 signal 上的每次请求越积越多。
-  const timers = (): number => process.getActiveResourcesInfo().filter((resource) => resource === "Timeout").length;
   const keeper = new AbortController();
-  const timersBefore = timers();
-  await client.listTools({ signal: keeper.signal });
-  await client.listTools({ signal: keeper.signal });
-  assert.equal(timers(), timersBefore, "应答之后不该留下请求的计时器");
-  assert.equal(getEventListeners(keeper.signal, "abort").length, 0, "应答之后调用者的 signal 上不该留下监听");
+  await expectNoLeaks({ label: "同一个 signal 上两次得到应答的 tools/list", signals: [keeper.signal] }, async () => {
+    await client.listTools({ signal: keeper.signal });
+    await client.listTools({ signal: keeper.signal });
+  });
 
   const controller = new AbortController();
   const call = client.callTool("x", {}, { signal: controller.signal });
@@ -629,12 +627,12 @@ const fs = require("node:fs");
 const readline = require("node:readline");
 const write = (message) => process.stdout.write(JSON.stringify(message) + "\n");
 // FIXTURE_MARKS：把收尾的经过逐行记进这个文件。FIXTURE_STUBBORN：既不理会 stdin 关闭，也不理会 SIGTERM。
-// FIXTURE_STDERR：开始读 stdin 之前先往 stderr 写 1 MiB 日志。FIXTURE_GRANDCHILD：起一个握着 stdout 的孙进程。
+// FIXTURE_STDERR：开始读 stdin 之前先往 stderr 同步写 1 MiB 日志（写不进去就一直等在那里）。FIXTURE_GRANDCHILD：起一个握着 stdout 的孙进程。
 // FIXTURE_DEAF：答完 initialize 就再也不读 stdin。
 const mark = (what) => process.env.FIXTURE_MARKS && fs.appendFileSync(process.env.FIXTURE_MARKS, what + "\n");
 const stubborn = process.env.FIXTURE_STUBBORN === "1";
 mark("pid " + process.pid);
-if (process.env.FIXTURE_STDERR === "1") process.stderr.write("log line\n".repeat(128 * 1024));
+if (process.env.FIXTURE_STDERR === "1") fs.writeSync(2, "log line\n".repeat(128 * 1024));
 if (process.env.FIXTURE_GRANDCHILD === "1") {
   const grandchild = require("node:child_process").spawn(process.execPath, ["-e", "setInterval(() => {}, 1000)"], { stdio: ["ignore", "inherit", "ignore"] });
   mark("grandchild " + grandchild.pid);
@@ -816,11 +814,15 @@ test("Lab 17.4 · 真实子进程：握手、列出、调用；env 叠加在 pro
     assert.equal(processAlive(viaShell.pid!), false);
     await untilGone(shellServer, "经 sh -c 启动的服务器在 close 之后还活着");
 
-    // 服务器先往 stderr 写 1 MiB 日志才开始读 stdin：stderr 不接，它不会因为没人读而卡住，握手照常完成。
-    const chatty = start({ FIXTURE_STDERR: "1" });
-    const chattyClient = newClient({ requestTimeoutMs: 5_000 });
-    assert.deepEqual((await chattyClient.connect(chatty)).serverInfo, { name: "stdio-fixture", version: "1" });
-    await chattyClient.close();
+    // 服务器先往 stderr 同步写 1 MiB 日志才开始读 stdin：stderr 不接（交给 /dev/null），它不会因为没人读而卡住，握手照常完成。
+    // 若 stderr 是一条没人读的管道，写满 64 KiB 之后服务器就停在那里，initialize 等到 5 秒超时，这里变红。
+    // close 之后，子进程、它的管道和请求的计时器都不在了（关闭是等出来的，不是丢下不管的）。
+    await expectNoLeaks({ label: "连上再关掉一个 stdio 服务器" }, async () => {
+      const chatty = start({ FIXTURE_STDERR: "1" });
+      const chattyClient = newClient({ requestTimeoutMs: 5_000 });
+      assert.deepEqual((await chattyClient.connect(chatty)).serverInfo, { name: "stdio-fixture", version: "1" });
+      await chattyClient.close();
+    });
 
     // 服务器答完 initialize 就不再读 stdin：写入只会在我们这边排队。排队的字节超过 MAX_STDIO_PENDING_BYTES 之后，
     // send 立刻被拒绝，消息说明服务器没有在读、上限是多少；close 照样结束它。

@@ -39,6 +39,7 @@ import {
 import type { PythonKernelOptions } from "../src/code-runtime/python-kernel.js";
 import { CODE_ACTION_TOOL_NAME, createCodeActionTool, formatObservation } from "../src/code-runtime/code-action.js";
 import type { CodeActionDetails } from "../src/code-runtime/code-action.js";
+import { expectNoLeaks } from "../test-support/leak-check.js";
 
 // ---------------------------------------------------------------------------
 // 夹具
@@ -384,10 +385,13 @@ test("Lab 20.1 · 超时：同步死循环与永不结束的 await 都返回 Tim
   assert.equal(stuck.stdout, "waiting\n");
   assert.equal(await okValue(kernel, "return typeof keep"), "undefined");
 
+  // 取消之后，调用者的 signal 上不留监听，旧内核的计时器也不留下。
   const controller = new AbortController();
-  const pending = kernel.execute("await new Promise(() => {})", { signal: controller.signal });
-  controller.abort();
-  const aborted = await pending;
+  const aborted = await expectNoLeaks({ label: "取消一格永不结束的 await", signals: [controller.signal] }, async () => {
+    const pending = kernel.execute("await new Promise(() => {})", { signal: controller.signal });
+    controller.abort();
+    return pending;
+  });
   assert.equal(aborted.error?.name, "AbortError");
   assert.equal(await okValue(kernel, "return 'fresh'"), "fresh");
   // 开始前就取消了的 signal：这一格不运行。
@@ -924,6 +928,14 @@ test("Lab 20.3 · 同一条发送通道：并发请求排队一次一个；超�
     fs.rmSync(programs, { recursive: true, force: true });
   }
   await peerCheck;
+
+  // 对端与主内核都收拾完之后，单独拉起一个内核、跑一格、reset：它的子进程、管道与计时器都不在了。
+  // 泄漏检查记下的是这段时间里整个进程新建的资源，所以这一段不与别的内核交叠。
+  const last = pythonKernel();
+  await expectNoLeaks({ label: "拉起 python 内核、跑一格、再 reset" }, async () => {
+    assert.equal(await okValue(last, "1 + 1"), 2);
+    await last.reset();
+  });
 });
 
 // ---------------------------------------------------------------------------

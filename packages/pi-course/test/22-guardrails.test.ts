@@ -6,7 +6,6 @@
 
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
-import { getEventListeners } from "node:events";
 import { mkdtemp, open, rm, readFile, appendFile, writeFile } from "node:fs/promises";
 import os, { tmpdir } from "node:os";
 import path from "node:path";
@@ -64,6 +63,7 @@ import {
   type AuditRecord,
   type ConfirmRequest,
 } from "../src/guardrails/permissions.js";
+import { expectNoLeaks } from "../test-support/leak-check.js";
 
 // ---------------------------------------------------------------------------
 // 夹具
@@ -433,7 +433,8 @@ test("Lab 22.1 · 格式错误回填原样输出与错误，最多 2 次；参�
   );
   // 人看过之后继续：同一轮还没执行的 lookup 先做完（回到 waiting_tool），模型再看到那条配对的失败结果，给出回答。
   const idle = new AbortController();
-  const resumed = await runtime.run("f3", { signal: idle.signal });
+  // 期限结束后，run 的 signal 上不留监听，工具期限的计时器也不留下。
+  const resumed = await expectNoLeaks({ label: "带期限的工具调用跑完之后", signals: [idle.signal] }, () => runtime.run("f3", { signal: idle.signal }));
   assert.equal(resumed.state, "completed");
   assert.deepEqual(pay.runs, ["付款 5 元"], "继续运行也不会重做失败的调用");
   assert.deepEqual([lookup.runs, lookup.keys], [["ORD-2"], ["f3#5"]], "没执行的调用照常执行，拿到任务 id + 步骤的幂等键");
@@ -452,7 +453,6 @@ test("Lab 22.1 · 格式错误回填原样输出与错误，最多 2 次；参�
     events.flatMap((event) => (event.kind === "commit" && event.taskId === "f3" ? [`${event.reason}:${event.state}`] : [])).slice(-5),
     ["transition:running", "transition:waiting_tool", "tool:waiting_tool", "transition:running", "model:completed"],
   );
-  assert.deepEqual(getEventListeners(idle.signal, "abort"), [], "期限结束后不在 run 的 signal 上留下监听器");
 
   await runtime.submit({ id: "f4", input: "出全年报表" });
   const f4 = await runtime.run("f4");

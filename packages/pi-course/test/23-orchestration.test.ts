@@ -44,6 +44,7 @@ import {
   TaskRouter,
 } from "../src/orchestration/router.js";
 import { SchedulerError, type TaskRunner, TaskScheduler } from "../src/orchestration/scheduler.js";
+import { expectNoLeaks } from "../test-support/leak-check.js";
 import {
   buildSpanTree,
   DEFAULT_PRICES,
@@ -1949,7 +1950,9 @@ test("Lab 23.3 · 隔离：交错执行的任务各自只看见自己的数据�
 
   // 一个任务有了结局，它的 signal 就与调度器无关了：同一个 id 再调度一次，旧 signal 触发也不会取消新的这次。
   const old = new AbortController();
-  assert.equal(await settled(fake.schedule("again", { signal: old.signal })), "completed");
+  // 有了结局之后，调用方 signal 上的监听就摘掉了，调度器也不留计时器。
+  const first = await expectNoLeaks({ label: "带 signal 调度、跑完的任务", signals: [old.signal] }, () => settled(fake.schedule("again", { signal: old.signal })));
+  assert.equal(first, "completed");
   const second = settled(fake.schedule("again"));
   await waitUntil(() => held.has("again"), "第二次运行开始");
   old.abort();
