@@ -21,7 +21,8 @@
 //   toolCalls   [{ id?, name, arguments }]；arguments 是对象或 JSON 文本，序列化后切成 argumentPieces 段分块发送
 //   stop        "stop" | "length" | "toolUse"（中性名字，按线格式翻译成 stop/length/tool_calls 或
 //               end_turn/max_tokens/tool_use）；省略时有工具调用就是 toolUse，否则 stop
-//   usage       { input, output, cacheRead?, cacheWrite? }；省略时按字符数估一个
+//   usage       { input, output, cacheRead?, cacheWrite? }；input 是整个提示的 token 数（含缓存命中的部分，
+//               与 OpenAI 的 prompt_tokens 同义；Anthropic 的 input_tokens 发 input − cacheRead − cacheWrite）；省略时按字符数估一个
 //   error       { status, message?, type?, body? } —— 不开流，直接回这个 HTTP 状态码；body 省略时按该 provider 的
 //               错误形状生成（OpenAI：{"error":{message,type,param,code}}；Anthropic：{"type":"error","error":{type,message}}）
 //   streamError { message, type? } —— 先把 text / toolCalls 流出去，再发一个流内错误
@@ -232,7 +233,8 @@ function anthropicFrames(reply: LoopbackReply, request: LoopbackRequest, options
           stop_reason: null,
           stop_sequence: null,
           usage: {
-            input_tokens: usage.input,
+            // Anthropic 的 input_tokens 不含缓存读写的部分（OpenAI 的 prompt_tokens 含）。
+            input_tokens: Math.max(0, usage.input - (usage.cacheRead ?? 0) - (usage.cacheWrite ?? 0)),
             cache_creation_input_tokens: usage.cacheWrite ?? 0,
             cache_read_input_tokens: usage.cacheRead ?? 0,
             output_tokens: 1,
