@@ -252,7 +252,10 @@ export function resolveModel(config: ModelsConfig, choice: { provider?: string; 
 // 密钥
 // ---------------------------------------------------------------------------
 
-export type ApiKeyResult = { ok: true; key: string; source: string } | { ok: false; message: string };
+export type ApiKeyResult =
+  | { ok: true; key: string; source: string }
+  /** missing：哪里都没有；refused：文件权限过宽；unusable：文件读不了或是空的。 */
+  | { ok: false; reason: "missing" | "refused" | "unusable"; message: string };
 
 /** <home>/.pi-course/keys/<provider>：环境变量没有时去这里找密钥。 */
 export function keyFilePath(home: string, provider: string): string {
@@ -273,18 +276,18 @@ export function resolveApiKey(provider: ProviderSpec, options: { env: NodeJS.Pro
   try {
     mode = statSync(file).mode;
   } catch {
-    return { ok: false, message: `缺少 ${provider.name} 的密钥：请设置环境变量 ${provider.apiKeyEnv}，或把密钥写进 ${file} 并 chmod 600` };
+    return { ok: false, reason: "missing", message: `缺少 ${provider.name} 的密钥：请设置环境变量 ${provider.apiKeyEnv}，或把密钥写进 ${file} 并 chmod 600` };
   }
   if ((mode & 0o077) !== 0) {
-    return { ok: false, message: `密钥文件 ${file} 同组或其他用户也能访问，拒绝使用：请运行 chmod 600 ${file}` };
+    return { ok: false, reason: "refused", message: `密钥文件 ${file} 同组或其他用户也能访问，拒绝使用：请运行 chmod 600 ${file}` };
   }
   let key: string;
   try {
     key = readFileSync(file, "utf8").trim();
   } catch {
-    return { ok: false, message: `密钥文件 ${file} 读不了` };
+    return { ok: false, reason: "unusable", message: `密钥文件 ${file} 读不了` };
   }
-  if (key === "") return { ok: false, message: `密钥文件 ${file} 是空的` };
+  if (key === "") return { ok: false, reason: "unusable", message: `密钥文件 ${file} 是空的` };
   return { ok: true, key, source: `密钥文件 ${file}` };
 }
 
@@ -306,7 +309,10 @@ export function listModels(config: ModelsConfig, options: { env: NodeJS.ProcessE
   const lines: string[] = [];
   for (const provider of Object.values(config.providers)) {
     const key = resolveApiKey(provider, options);
-    const status = key.ok ? `密钥：${key.source}` : `缺少密钥：${provider.apiKeyEnv ?? ""}（${key.message}）`;
+    // 这一格只说变量名和文件路径。缺密钥时只点出变量名（完整的办法在 resolveApiKey 的提示里），其余问题照原话说。
+    const status = key.ok
+      ? provider.apiKeyEnv === null ? key.source : `密钥：${key.source}`
+      : key.reason === "missing" ? `缺少密钥 ${provider.apiKeyEnv}` : key.message;
     for (const model of provider.models) {
       const isDefault = config.default?.provider === provider.name && config.default.model === model.id;
       lines.push(
