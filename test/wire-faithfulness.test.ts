@@ -5,7 +5,6 @@
 // the server, the client is right. The last test reads the same scripts through the course's own two adapters.
 // Not part of any chapter's lab count and never copied into a practice folder.
 import assert from "node:assert/strict";
-import { once } from "node:events";
 import { after, before, test } from "node:test";
 
 import Anthropic from "@anthropic-ai/sdk";
@@ -15,12 +14,14 @@ import { createAnthropicModel } from "../packages/pi-course/src/cli/anthropic.js
 import { createOpenAICompatibleModel, createOpenAICompatibleTransport } from "../packages/pi-course/src/provider-adapter.js";
 import { userMessage, type ToolCall } from "../packages/pi-course/src/types.js";
 import {
+  nextEvent,
   startLoopbackModel,
   type LoopbackModelServer,
   type LoopbackReply,
   type LoopbackRequest,
 } from "../packages/pi-course/test-support/loopback-models.js";
 
+const HANG_GUARD = { timeout: 15_000 }; // only against hangs: loopback HTTP takes milliseconds
 const OPENAI_KEY = "sk-wire-openai-CANARY-0123456789abcdef";
 const ANTHROPIC_KEY = "sk-ant-wire-CANARY-0123456789abcdef";
 const TEXT = "先读一下说明文件，再决定怎么改。";
@@ -74,7 +75,7 @@ function requestFor(prompt: string): LoopbackRequest {
   return found[found.length - 1]!;
 }
 
-test("openai 客户端：中文文本分块到达、用量块、finish_reason stop、认证头", async () => {
+test("openai 客户端：中文文本分块到达、用量块、finish_reason stop、认证头", HANG_GUARD, async () => {
   const chunks: OpenAI.Chat.Completions.ChatCompletionChunk[] = [];
   const stream = await openai.chat.completions.create({
     model: "gpt-wire",
@@ -97,7 +98,7 @@ test("openai 客户端：中文文本分块到达、用量块、finish_reason st
   assert.equal(request.body.stream, true);
 });
 
-test("openai 客户端：分块的工具参数拼回完整 JSON，finish_reason tool_calls；length 照实交出", async () => {
+test("openai 客户端：分块的工具参数拼回完整 JSON，finish_reason tool_calls；length 照实交出", HANG_GUARD, async () => {
   const runner = openai.chat.completions.stream({
     model: "gpt-wire",
     messages: [{ role: "user", content: "tool" }],
@@ -125,7 +126,7 @@ test("openai 客户端：分块的工具参数拼回完整 JSON，finish_reason 
   assert.equal(truncated.choices[0]!.message.content, "写到一半");
 });
 
-test("openai 客户端：401 与 429 是各自的错误类，流内的 error 负载变成 APIError，中止后停在已到的文本、服务器看到断开", async () => {
+test("openai 客户端：401 与 429 是各自的错误类，流内的 error 负载变成 APIError，中止后停在已到的文本、服务器看到断开", HANG_GUARD, async () => {
   await assert.rejects(
     openai.chat.completions.create({ model: "gpt-wire", messages: [{ role: "user", content: "unauthorized" }], stream: true }),
     (error: unknown) => {
@@ -151,8 +152,9 @@ test("openai 客户端：401 与 429 是各自的错误类，流内的 error 负
   assert.equal(seen.join(""), "开了个头");
 
   const controller = new AbortController();
-  const held = once(server.events, "held");
-  const disconnected = once(server.events, "disconnect");
+  const isHeld = (request: LoopbackRequest) => request.wire === "openai" && lastUserText(request) === "held";
+  const held = nextEvent(server, "held", isHeld);
+  const disconnected = nextEvent(server, "disconnect", isHeld);
   const stream = await openai.chat.completions.create(
     { model: "gpt-wire", messages: [{ role: "user", content: "held" }], stream: true },
     { signal: controller.signal },
@@ -171,7 +173,7 @@ test("openai 客户端：401 与 429 是各自的错误类，流内的 error 负
   await disconnected;
 });
 
-test("@anthropic-ai/sdk：事件顺序、文本增量、input_json_delta 拼成 input、stop_reason、用量（含缓存）、请求头", async () => {
+test("@anthropic-ai/sdk：事件顺序、文本增量、input_json_delta 拼成 input、stop_reason、用量（含缓存）、请求头", HANG_GUARD, async () => {
   const raw = await anthropic.messages.create({
     model: "claude-wire",
     max_tokens: 256,
@@ -230,7 +232,7 @@ test("@anthropic-ai/sdk：事件顺序、文本增量、input_json_delta 拼成 
   assert.match(String(request.headers["anthropic-version"]), /^\d{4}-\d{2}-\d{2}$/, "every request names an API version");
 });
 
-test("@anthropic-ai/sdk：401、429、529 带各自的错误类型，流内的 event: error 变成 APIError，中止让服务器看到断开", async () => {
+test("@anthropic-ai/sdk：401、429、529 带各自的错误类型，流内的 event: error 变成 APIError，中止让服务器看到断开", HANG_GUARD, async () => {
   const expectError = async (prompt: string, status: number, type: string, klass: new (...args: never[]) => Error) => {
     await assert.rejects(
       anthropic.messages.create({ model: "claude-wire", max_tokens: 16, messages: [{ role: "user", content: prompt }], stream: true }),
@@ -258,8 +260,9 @@ test("@anthropic-ai/sdk：401、429、529 带各自的错误类型，流内的 e
   );
   assert.equal(seen.join(""), "开了个头");
 
-  const held = once(server.events, "held");
-  const disconnected = once(server.events, "disconnect");
+  const isHeld = (request: LoopbackRequest) => request.wire === "anthropic" && lastUserText(request) === "held";
+  const held = nextEvent(server, "held", isHeld);
+  const disconnected = nextEvent(server, "disconnect", isHeld);
   const stream = anthropic.messages.stream({ model: "claude-wire", max_tokens: 16, messages: [{ role: "user", content: "held" }] });
   const firstText = new Promise<string>((resolve) => stream.on("text", resolve));
   const ended = stream.finalMessage();
@@ -271,7 +274,7 @@ test("@anthropic-ai/sdk：401、429、529 带各自的错误类型，流内的 e
   await disconnected;
 });
 
-test("同一段脚本经课程自己的两个适配器读出：文本、工具参数、用量、结束原因与官方客户端一致", async () => {
+test("同一段脚本经课程自己的两个适配器读出：文本、工具参数、用量、结束原因与官方客户端一致", HANG_GUARD, async () => {
   const context = { messages: [userMessage("tool")], tools: [TOOL] };
   const viaOpenAi = await createOpenAICompatibleModel({
     provider: "wire",

@@ -15,6 +15,7 @@
 //   server.events               EventEmitter："request"(LoopbackRequest)、"held"(LoopbackRequest)、
 //                               "disconnect"(LoopbackRequest) —— 回复还没写完，客户端就断开了
 //   await server.close()        断开所有连接（包括 hold 住的）并停止监听
+//   nextEvent(server, "held", (request) => …)   等某一个请求的事件（别的请求的同名事件不算）
 //
 // reply(request) 返回（或 resolve 成）一个 LoopbackReply：
 //   text        字符串（按 textChunk 个字符切成多个增量）或字符串数组（每个元素恰好是一个增量）
@@ -84,6 +85,18 @@ export interface LoopbackModelServer {
   requests: LoopbackRequest[];
   events: EventEmitter;
   close(): Promise<void>;
+}
+
+/** 等 server.events 上第一个满足条件的事件（例如某个请求的 "held" 或 "disconnect"），不被别的请求的同名事件骗到。 */
+export function nextEvent(server: LoopbackModelServer, name: "request" | "held" | "disconnect", matches: (request: LoopbackRequest) => boolean = () => true): Promise<LoopbackRequest> {
+  return new Promise((resolve) => {
+    const listener = (request: LoopbackRequest) => {
+      if (!matches(request)) return;
+      server.events.off(name, listener);
+      resolve(request);
+    };
+    server.events.on(name, listener);
+  });
 }
 
 /** 依次给出这些回复；用完之后再来的请求得到 500，测试会因此失败而不是挂住。 */
