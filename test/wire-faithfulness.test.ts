@@ -296,3 +296,41 @@ test("同一段脚本经课程自己的两个适配器读出：文本、工具�
   // Anthropic reports cached prompt tokens apart from input_tokens; the IR adds them back, so both say 30.
   assert.deepEqual(viaAnthropic.usage, { input: 30, output: 12, totalTokens: 42 });
 });
+
+test("回环服务器自己的检查：配不上对的工具结果是 400，错的密钥是 401，两家的官方客户端都认得这些错误", HANG_GUARD, async (t) => {
+  const strict = await startLoopbackModel({ requireKey: OPENAI_KEY, reply: () => ({ text: "不该走到这里" }) });
+  t.after(() => strict.close());
+  const strictOpenAi = new OpenAI({ apiKey: OPENAI_KEY, baseURL: `${strict.url}/v1`, maxRetries: 0 });
+  await assert.rejects(
+    strictOpenAi.chat.completions.create({
+      model: "gpt-wire",
+      messages: [{ role: "user", content: "hi" }, { role: "tool", tool_call_id: "call_nowhere", content: "结果" }],
+      stream: true,
+    }),
+    (error: unknown) => error instanceof OpenAI.BadRequestError && /must be a response to a preceeding message with 'tool_calls'/.test(error.message),
+  );
+  const wrongOpenAi = new OpenAI({ apiKey: "sk-wrong-key-0000000000000000", baseURL: `${strict.url}/v1`, maxRetries: 0 });
+  await assert.rejects(
+    wrongOpenAi.chat.completions.create({ model: "gpt-wire", messages: [{ role: "user", content: "hi" }], stream: true }),
+    (error: unknown) => error instanceof OpenAI.AuthenticationError && !error.message.includes("sk-wrong-key-0000000000000000"),
+  );
+  const strictAnthropic = new Anthropic({ apiKey: OPENAI_KEY, baseURL: strict.url, maxRetries: 0 });
+  await assert.rejects(
+    strictAnthropic.messages.create({
+      model: "claude-wire",
+      max_tokens: 16,
+      messages: [
+        { role: "assistant", content: [{ type: "tool_use", id: "toolu_lonely", name: "read", input: {} }] },
+        { role: "user", content: "继续" },
+      ],
+      stream: true,
+    }),
+    (error: unknown) => error instanceof Anthropic.BadRequestError && /toolu_lonely/.test(error.message),
+  );
+  const wrongAnthropic = new Anthropic({ apiKey: "sk-ant-wrong-0000000000000000", baseURL: strict.url, maxRetries: 0 });
+  await assert.rejects(
+    wrongAnthropic.messages.create({ model: "claude-wire", max_tokens: 16, messages: [{ role: "user", content: "hi" }], stream: true }),
+    (error: unknown) => error instanceof Anthropic.AuthenticationError && (error.error as { error?: { type?: string } }).error?.type === "authentication_error",
+  );
+  assert.deepEqual(strict.requests.map((request) => request.rejected?.status), [400, 401, 400, 401]);
+});

@@ -31,6 +31,11 @@
 //   hold        true：只写第一个增量就停住，连接保持打开，并发出 "held"，直到客户端断开或 close()
 //   raw         字符串数组：不按任何格式，把这些片段原样写成 200 的 text/event-stream 响应体（测边界用）
 //
+// 服务器先像真实服务那样检查请求，不合格的直接回该 provider 形状的 400（不调用 reply，记录里有 rejected）：
+//   两家都要 model 和非空的 messages；Anthropic 还要 anthropic-version 头、正整数 max_tokens、非空的文本块，
+//   每个 tool_use 的结果必须在紧接着的 user 消息里、每个 tool_result 必须对应上一条 assistant 的 tool_use；
+//   OpenAI 的 tool 消息必须紧跟在带 tool_calls 的 assistant 之后，并且答全每个 tool_call_id。
+//   给了 requireKey 时再检查密钥，不对就是 401。
 // 请求头原样记录（测试要能确认认证头到了），夹具自己从不打印它们。
 import { EventEmitter } from "node:events";
 import http from "node:http";
@@ -46,6 +51,8 @@ export interface LoopbackRequest {
   /** JSON 解析后的请求体；不是合法 JSON 时为 undefined（此时服务器回 400）。 */
   body: any;
   rawBody: string;
+  /** 服务器自己拒绝了这个请求（没有调用 reply）时：状态码与错误文本。 */
+  rejected?: { status: number; message: string };
 }
 
 export interface LoopbackToolCall {
@@ -78,6 +85,11 @@ export interface LoopbackOptions {
   textChunk?: number;
   /** 工具参数的 JSON 文本切成几段发送。默认 3。 */
   argumentPieces?: number;
+  /**
+   * 给出时，服务器像真实服务一样检查密钥：OpenAI 要 `Authorization: Bearer <key>`，Anthropic 要 `x-api-key: <key>`
+   * （或同样的 Bearer）；没带或不对就回该 provider 的 401，不调用 reply。省略时不检查（像不要密钥的本地服务器）。
+   */
+  requireKey?: string;
 }
 
 export interface LoopbackModelServer {
@@ -168,13 +180,110 @@ function estimateUsage(reply: LoopbackReply, request: LoopbackRequest): Loopback
   return { input: Math.max(1, Math.ceil(request.rawBody.length / 4)), output: Math.max(1, Math.ceil(output / 2)) };
 }
 
+type Rejection = { status: number; message: string; type?: string };
+
+/** 真实服务同样会以 400 拒绝的请求：缺必填字段、空的文本块、工具调用与结果配不上对。 */
+function validateOpenAi(body: any): Rejection | undefined {
+  if (typeof body.model !== "string" || body.model === "") return { status: 400, message: "you must provide a model parameter" };
+  if (!Array.isArray(body.messages) || body.messages.length === 0) return { status: 400, message: "[] is too short - 'messages'" };
+  const messages = body.messages as any[];
+  for (let index = 0; index < messages.length; index += 1) {
+    const message = messages[index];
+    if (message?.role === "tool") {
+      let back = index - 1;
+      while (back >= 0 && messages[back]?.role === "tool") back -= 1;
+      const owner = messages[back];
+      const ids = new Set((owner?.role === "assistant" ? (owner.tool_calls ?? []) : []).map((call: any) => call?.id));
+      if (!ids.has(message.tool_call_id)) {
+        return { status: 400, message: "Invalid parameter: messages with role 'tool' must be a response to a preceeding message with 'tool_calls'." };
+      }
+    }
+    if (message?.role === "assistant" && Array.isArray(message.tool_calls) && message.tool_calls.length > 0) {
+      const answered = new Set<string>();
+      for (let next = index + 1; next < messages.length && messages[next]?.role === "tool"; next += 1) answered.add(messages[next].tool_call_id);
+      const missing = message.tool_calls.map((call: any) => call?.id).filter((id: string) => !answered.has(id));
+      if (missing.length > 0) {
+        return {
+          status: 400,
+          message: `An assistant message with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id'. The following tool_call_ids did not have response messages: ${missing.join(", ")}`,
+        };
+      }
+    }
+  }
+  return undefined;
+}
+
+function validateAnthropic(body: any, headers: http.IncomingHttpHeaders): Rejection | undefined {
+  if (typeof headers["anthropic-version"] !== "string") return { status: 400, message: "anthropic-version: header is required" };
+  if (typeof body.model !== "string" || body.model === "") return { status: 400, message: "model: Field required" };
+  if (!Number.isSafeInteger(body.max_tokens) || body.max_tokens < 1) return { status: 400, message: "max_tokens: Field required" };
+  if (!Array.isArray(body.messages) || body.messages.length === 0) return { status: 400, message: "messages: at least one message is required" };
+  const messages = body.messages as any[];
+  const blocksOf = (message: any): any[] => (Array.isArray(message?.content) ? message.content : []);
+  for (let index = 0; index < messages.length; index += 1) {
+    const message = messages[index];
+    if (message?.role !== "user" && message?.role !== "assistant") return { status: 400, message: `messages.${index}.role: Input should be 'user' or 'assistant'` };
+    const blocks = blocksOf(message);
+    for (let at = 0; at < blocks.length; at += 1) {
+      if (blocks[at]?.type === "text" && blocks[at].text === "") return { status: 400, message: `messages.${index}.content.${at}.text: text content blocks must be non-empty` };
+    }
+    const results = blocks.filter((block) => block?.type === "tool_result");
+    if (results.length > 0) {
+      const previous = index > 0 && messages[index - 1]?.role === "assistant" ? blocksOf(messages[index - 1]) : [];
+      const ids = new Set(previous.filter((block) => block?.type === "tool_use").map((block) => block.id));
+      const stray = results.find((block) => !ids.has(block.tool_use_id));
+      if (stray) {
+        return {
+          status: 400,
+          message: `messages.${index}.content: unexpected \`tool_use_id\` found in \`tool_result\` blocks: ${stray.tool_use_id}. Each \`tool_result\` block must have a corresponding \`tool_use\` block in the previous message.`,
+        };
+      }
+    }
+    const uses = blocks.filter((block) => block?.type === "tool_use").map((block) => block.id as string);
+    if (uses.length > 0) {
+      const next = messages[index + 1];
+      const answered = new Set(next?.role === "user" ? blocksOf(next).filter((block) => block?.type === "tool_result").map((block) => block.tool_use_id) : []);
+      const missing = uses.filter((id) => !answered.has(id));
+      // 最后一条 assistant 之后还没有 user：那是要续写的开头，不检查。
+      if (missing.length > 0 && next !== undefined) {
+        return {
+          status: 400,
+          message: `messages.${index}: \`tool_use\` ids were found without \`tool_result\` blocks immediately after: ${missing.join(", ")}. Each \`tool_use\` block must have a corresponding \`tool_result\` block in the next message.`,
+        };
+      }
+    }
+  }
+  return undefined;
+}
+
+function checkKey(wire: LoopbackWire, headers: http.IncomingHttpHeaders, key: string): Rejection | undefined {
+  const bearer = typeof headers.authorization === "string" && headers.authorization.startsWith("Bearer ") ? headers.authorization.slice(7) : undefined;
+  if (wire === "openai") {
+    if (bearer === undefined || bearer === "") {
+      return { status: 401, message: "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)." };
+    }
+    // 与 OpenAI 一样只回显密钥的头尾几个字符。
+    if (bearer !== key) return { status: 401, message: `Incorrect API key provided: ${bearer.slice(0, 3)}${"*".repeat(Math.max(0, bearer.length - 7))}${bearer.slice(-4)}.` };
+    return undefined;
+  }
+  const presented = typeof headers["x-api-key"] === "string" ? headers["x-api-key"] : bearer;
+  if (presented === undefined || presented === "") return { status: 401, message: "x-api-key header is required" };
+  if (presented !== key) return { status: 401, message: "invalid x-api-key" };
+  return undefined;
+}
+
+interface FrameSettings {
+  textChunk: number;
+  argumentPieces: number;
+}
+
 /** 一条要写出去的 SSE 帧；held 标记“写完这一帧就停住”。 */
 interface Frame {
   text: string;
   held?: boolean;
 }
 
-function openAiFrames(reply: LoopbackReply, request: LoopbackRequest, options: Required<Omit<LoopbackOptions, "reply">>, serial: number): Frame[] {
+function openAiFrames(reply: LoopbackReply, request: LoopbackRequest, options: FrameSettings, serial: number): Frame[] {
   const id = `chatcmpl-loopback${serial}`;
   const created = Math.floor(Date.now() / 1000);
   const model = typeof request.body?.model === "string" ? request.body.model : "loopback";
@@ -229,7 +338,7 @@ function openAiFrames(reply: LoopbackReply, request: LoopbackRequest, options: R
   return frames;
 }
 
-function anthropicFrames(reply: LoopbackReply, request: LoopbackRequest, options: Required<Omit<LoopbackOptions, "reply">>, serial: number): Frame[] {
+function anthropicFrames(reply: LoopbackReply, request: LoopbackRequest, options: FrameSettings, serial: number): Frame[] {
   const event = (payload: Record<string, unknown>): string => `event: ${String(payload.type)}\ndata: ${JSON.stringify(payload)}\n\n`;
   const model = typeof request.body?.model === "string" ? request.body.model : "loopback";
   const usage = reply.usage ?? estimateUsage(reply, request);
@@ -356,7 +465,16 @@ export async function startLoopbackModel(options: LoopbackOptions): Promise<Loop
         };
 
         if (body === undefined) {
+          record.rejected = { status: 400, message: "request body is not valid JSON" };
           sendError(400, "request body is not valid JSON");
+          return;
+        }
+        const rejection =
+          (options.requireKey !== undefined ? checkKey(wire, req.headers, options.requireKey) : undefined) ??
+          (wire === "openai" ? validateOpenAi(body) : validateAnthropic(body, req.headers));
+        if (rejection) {
+          record.rejected = { status: rejection.status, message: rejection.message };
+          sendError(rejection.status, rejection.message, rejection.type);
           return;
         }
         let reply: LoopbackReply;

@@ -88,10 +88,11 @@ function toolResult(call: ToolCall, body: string, isError = false): AgentMessage
 // Lab 24.1 · 第二种线格式
 // ---------------------------------------------------------------------------
 
-test("Lab 24.1 · 出站与文本：system 单独成参数，相邻同角色的消息合并、tool_result 在 user 里，工具写成 input_schema；中文分块到达，用量含缓存，end_turn 是 stop", HANG_GUARD, async (t) => {
+test("Lab 24.1 · 出站与文本：system 单独成参数，相邻同角色的消息合并、tool_result 在 user 里、失败的回合不发，工具写成 input_schema；中文分块到达，用量含缓存，end_turn 是 stop", HANG_GUARD, async (t) => {
   const server = await serve(t, () => ({ text: "测试已经通过，改动只有一行。", usage: { input: 40, output: 9, cacheRead: 12, cacheWrite: 3 } }));
   const earlierCall: ToolCall = { type: "toolCall", id: "toolu_01", name: "read", arguments: { path: "src/加法.ts" } };
   const brokenCall: ToolCall = { type: "toolCall", id: "toolu_02", name: "edit", arguments: '{"path":"src/加法.ts"', rawArguments: '{"path":"src/加法.ts"' };
+  const abandonedCall: ToolCall = { type: "toolCall", id: "toolu_03", name: "edit", arguments: '{"path":', rawArguments: '{"path":' };
   const context: AgentContext = {
     messages: [
       sys("你是课程里的编码助手。"),
@@ -101,6 +102,10 @@ test("Lab 24.1 · 出站与文本：system 单独成参数，相邻同角色的�
       toolResult(earlierCall, "export const add = (a, b) => a - b;"),
       toolResult(brokenCall, "参数不是完整 JSON", true),
       { role: "system", content: "", sections: { 规则: "只改必要的行。" }, timestamp: 2 },
+      // 一次被中止的回合：半句话和一个没执行的调用，以及循环给它配的“跳过”结果——都不该发出去。
+      assistantMessage([text("那我再改 "), abandonedCall], "aborted", { errorMessage: "Request was aborted" }),
+      toolResult(abandonedCall, "工具调用没有执行：模型回合以 aborted 结束。", true),
+      assistantMessage([], "error", { errorMessage: "HTTP 429" }),
       userMessage("继续"),
     ],
     tools: [readTool, editTool],

@@ -118,9 +118,12 @@ function toolInput(call: ToolCall): Record<string, unknown> {
  * 消息 IR → Messages API 的 system 与 messages。
  * system 消息重放成一个 system 参数；toolResult 变成 user 消息里的 tool_result 块；
  * 空文本块不发（API 拒绝空文本）；相邻的同角色消息合并成一条，所以 user / assistant 总是交替出现。
+ * 失败的回合（error / aborted）不发，配给它那些调用的结果也不发：它的文字是半句话，它的调用从没执行过；
+ * 而请求若以 assistant 结尾，Messages API 会把它当成要续写的开头。
  */
 export function toAnthropicMessages(context: AgentContext): { system?: string; messages: AnthropicWireMessage[] } {
   const messages: AnthropicWireMessage[] = [];
+  const unsent = new Set<string>(); // 失败回合里的调用 id
   const append = (role: AnthropicWireMessage["role"], blocks: AnthropicContentBlock[]) => {
     if (blocks.length === 0) return;
     const last = messages[messages.length - 1];
@@ -135,6 +138,7 @@ export function toAnthropicMessages(context: AgentContext): { system?: string; m
         append("user", textBlocks(message.content));
         break;
       case "toolResult": {
+        if (unsent.has(message.toolCallId)) break;
         const body = message.content.map((block) => block.text).join("\n");
         const block: AnthropicContentBlock = { type: "tool_result", tool_use_id: message.toolCallId };
         if (body !== "") block.content = body;
@@ -143,6 +147,10 @@ export function toAnthropicMessages(context: AgentContext): { system?: string; m
         break;
       }
       case "assistant":
+        if (message.stopReason === "error" || message.stopReason === "aborted") {
+          for (const block of message.content) if (block.type === "toolCall") unsent.add(block.id);
+          break;
+        }
         append(
           "assistant",
           message.content.flatMap((block): AnthropicContentBlock[] => {
