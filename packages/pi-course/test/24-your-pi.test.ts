@@ -74,6 +74,7 @@ function assertNoKey(value: unknown, key: string, where: string): void {
   const rendered = typeof value === "string" ? value : JSON.stringify(value);
   assert.ok(!rendered.includes(key), `${where} 里出现了密钥`);
   assert.ok(!rendered.includes(key.slice(-12)), `${where} 里出现了密钥的后半截`);
+  assert.ok(!rendered.includes(key.slice(0, 12)), `${where} 里出现了密钥的前半截`);
 }
 
 function sys(content: string): AgentMessage {
@@ -243,7 +244,8 @@ test("Lab 24.1 · 失败：401 / 429 / 529 与流内 error 都是 error 结果�
   // 一行迟迟不见换行：上限防的是“没有尽头的一行”，所以这一行故意不带换行。
   const endlessLine = `event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"${"长".repeat(400)}`;
   const scripts: Record<string, LoopbackReply> = {
-    密钥错了: { error: { status: 401, message: `invalid x-api-key: ${CANARY}` } },
+    // 回显的密钥正好跨过错误文本的 200 字截断处：先截断再脱敏，就会留下认不出来的前半截。
+    密钥错了: { error: { status: 401, message: `invalid x-api-key ${"·".repeat(144)} ${CANARY}` } },
     太快了: { error: { status: 429, message: "Number of request tokens has exceeded your per-minute rate limit" } },
     过载: { error: { status: 529, message: "Overloaded" } },
     流到一半坏了: { text: "我来看看", streamError: { message: `upstream reset (key ${CANARY})`, type: "overloaded_error" } },
@@ -379,6 +381,9 @@ test("Lab 24.2 · 预置与覆盖：九家预置各有线格式、地址、窗�
   const bare = loadModelsConfig({ home, cwd });
   assert.deepEqual(bare.sources, []);
   assert.deepEqual(bare.providers, presetsBefore, "没有 models.json 时就是预置表");
+  bare.providers.openai!.models[0]!.contextWindow = 1;
+  bare.providers.openai!.baseUrl = "http://127.0.0.1:1/v1";
+  assert.deepEqual(PROVIDER_PRESETS, presetsBefore, "配置是副本：改它不会改到预置表");
 
   await writeJson(path.join(home, ".pi-course", "models.json"), {
     providers: {
