@@ -548,6 +548,18 @@ test("Lab 24.2 · createModel 按 api 选线格式：同一台回环服务器上
     assertNoKey(events, key, `${providerName} 的 401 事件`);
   }
 
+  // 服务器不在了（端口上没人听）：连接失败也是一条 error 结果，文本里同样没有密钥。
+  const gone = await startLoopbackModel({ reply: () => ({ text: "不会走到这里" }) });
+  await gone.close();
+  for (const [api, key] of [["openai-completions", OPENAI_CANARY], ["anthropic-messages", CANARY]] as const) {
+    const spec = { provider: "不在了", id: "m", api, baseUrl: api === "openai-completions" ? `${gone.url}/v1` : gone.url, contextWindow: 1_000, maxTokens: 100 };
+    const { events, result } = await consume(createModel(spec, key).stream({ messages: [userMessage("在吗")] }));
+    assert.equal(result.stopReason, "error", api);
+    assert.ok((result.errorMessage ?? "") !== "", `${api}：连接失败要说出原因`);
+    assertNoKey(result, key, `${api} 连接失败的结果`);
+    assertNoKey(events, key, `${api} 连接失败的事件`);
+  }
+
   // 配置错误与缺密钥的提示也不带密钥（哪怕密钥就在环境变量里）。
   for (const run of [() => resolveModel(config, { provider: "回环兼容", model: "没有" }), () => resolveModel(config, { model: "不存在" })]) {
     assert.throws(run, (error: unknown) => error instanceof ModelConfigError && !error.message.includes(CANARY) && !error.message.includes(OPENAI_CANARY));
