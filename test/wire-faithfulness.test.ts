@@ -38,6 +38,7 @@ const SCRIPTS: Record<string, LoopbackReply> = {
   overloaded: { error: { status: 529, message: "服务过载" } },
   broken: { text: "开了个头", streamError: { message: "上游断了", type: "overloaded_error" } },
   held: { text: "正在想……还没完", hold: true },
+  thinking: { thinking: "用户只是打招呼。", text: "你好！", usage: { input: 8, output: 6 } },
 };
 
 function lastUserText(request: LoopbackRequest): string {
@@ -272,6 +273,42 @@ test("@anthropic-ai/sdk：401、429、529 带各自的错误类型，流内的 e
   stream.abort();
   await assert.rejects(ended, (error: unknown) => error instanceof Anthropic.APIUserAbortError);
   await disconnected;
+});
+
+test("推理文字：Anthropic 的 thinking 块带签名，OpenAI 兼容接口的 reasoning_content 在正文之前；课程的两个适配器都只留下正文", HANG_GUARD, async () => {
+  const message = await anthropic.messages.stream({ model: "claude-wire", max_tokens: 64, messages: [{ role: "user", content: "thinking" }] }).finalMessage();
+  assert.deepEqual(message.content.map((block) => block.type), ["thinking", "text"]);
+  const [thought, answer] = message.content;
+  assert.ok(thought?.type === "thinking" && thought.thinking === "用户只是打招呼。" && thought.signature.length > 0);
+  assert.ok(answer?.type === "text" && answer.text === "你好！");
+
+  const stream = await openai.chat.completions.create({ model: "gpt-wire", messages: [{ role: "user", content: "thinking" }], stream: true });
+  const reasoning: string[] = [];
+  const content: string[] = [];
+  for await (const chunk of stream) {
+    const delta = chunk.choices[0]?.delta as { content?: string | null; reasoning_content?: string } | undefined;
+    if (delta?.reasoning_content) {
+      assert.equal(content.join(""), "", "reasoning arrives before the answer");
+      reasoning.push(delta.reasoning_content);
+    }
+    if (delta?.content) content.push(delta.content);
+  }
+  assert.equal(reasoning.join(""), "用户只是打招呼。");
+  assert.equal(content.join(""), "你好！");
+
+  const context = { messages: [userMessage("thinking")] };
+  const viaOpenAi = await createOpenAICompatibleModel({
+    provider: "wire",
+    model: "gpt-wire",
+    transport: createOpenAICompatibleTransport({ baseUrl: `${server.url}/v1`, apiKey: OPENAI_KEY }),
+  })
+    .stream(context)
+    .result();
+  const viaAnthropic = await createAnthropicModel({ model: "claude-wire", baseUrl: server.url, apiKey: ANTHROPIC_KEY }).stream(context).result();
+  for (const result of [viaOpenAi, viaAnthropic]) {
+    assert.equal(result.stopReason, "stop", result.errorMessage);
+    assert.deepEqual(result.content, [{ type: "text", text: "你好！" }]);
+  }
 });
 
 test("同一段脚本经课程自己的两个适配器读出：文本、工具参数、用量、结束原因与官方客户端一致", HANG_GUARD, async () => {

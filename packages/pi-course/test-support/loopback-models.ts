@@ -18,6 +18,8 @@
 //   nextEvent(server, "held", (request) => …)   等某一个请求的事件（别的请求的同名事件不算）
 //
 // reply(request) 返回（或 resolve 成）一个 LoopbackReply：
+//   thinking    推理文字，切法同 text：Anthropic 发一个 thinking 块（thinking_delta + signature_delta），
+//               OpenAI 兼容接口发 delta.reasoning_content（DeepSeek 等的做法）；都排在正文之前
 //   text        字符串（按 textChunk 个字符切成多个增量）或字符串数组（每个元素恰好是一个增量）
 //   toolCalls   [{ id?, name, arguments }]；arguments 是对象或 JSON 文本，序列化后切成 argumentPieces 段分块发送
 //   stop        "stop" | "length" | "toolUse"（中性名字，按线格式翻译成 stop/length/tool_calls 或
@@ -69,6 +71,8 @@ export interface LoopbackUsage {
 }
 
 export interface LoopbackReply {
+  /** 先于正文流出的推理文字：Anthropic 是 thinking 块（带 signature_delta），OpenAI 兼容接口是 delta.reasoning_content。 */
+  thinking?: string | string[];
   text?: string | string[];
   toolCalls?: LoopbackToolCall[];
   stop?: "stop" | "length" | "toolUse";
@@ -302,6 +306,8 @@ function openAiFrames(reply: LoopbackReply, request: LoopbackRequest, options: F
   };
 
   const frames: Frame[] = [{ text: chunk({ role: "assistant", content: "", refusal: null }, null) }];
+  // 推理文字照 DeepSeek 等兼容接口的做法放在 delta.reasoning_content 里；OpenAI 自己的 chat completions 不流出推理。
+  for (const piece of splitText(reply.thinking, options.textChunk)) frames.push({ text: chunk({ reasoning_content: piece }, null) });
   for (const piece of splitText(reply.text, options.textChunk)) frames.push({ text: chunk({ content: piece }, null) });
   (reply.toolCalls ?? []).forEach((call, index) => {
     const pieces = splitPieces(argumentText(call), options.argumentPieces);
@@ -368,6 +374,14 @@ function anthropicFrames(reply: LoopbackReply, request: LoopbackRequest, options
   ];
   let index = 0;
   let firstDelta: number | undefined;
+  const thoughts = splitText(reply.thinking, options.textChunk);
+  if (thoughts.length > 0) {
+    frames.push({ text: event({ type: "content_block_start", index, content_block: { type: "thinking", thinking: "", signature: "" } }) });
+    for (const piece of thoughts) frames.push({ text: event({ type: "content_block_delta", index, delta: { type: "thinking_delta", thinking: piece } }) });
+    frames.push({ text: event({ type: "content_block_delta", index, delta: { type: "signature_delta", signature: `c2lnbmF0dXJlLWxvb3BiYWNr${serial}` } }) });
+    frames.push({ text: event({ type: "content_block_stop", index }) });
+    index += 1;
+  }
   const texts = splitText(reply.text, options.textChunk);
   if (texts.length > 0) {
     frames.push({ text: event({ type: "content_block_start", index, content_block: { type: "text", text: "" } }) });

@@ -177,7 +177,7 @@ test("Lab 24.1 · 出站与文本：system 单独成参数，相邻同角色的�
   assert.equal(result.errorMessage, undefined);
 });
 
-test("Lab 24.1 · tool_use：input_json_delta 分块拼成参数，按内容顺序 toolcall_end，tool_use 是 toolUse；结果回传时配上 tool_use_id；max_tokens 是 length、参数留作原文", HANG_GUARD, async (t) => {
+test("Lab 24.1 · tool_use：略过 thinking 块，input_json_delta 分块拼成参数，按内容顺序 toolcall_end，tool_use 是 toolUse；结果回传时配上 tool_use_id；max_tokens 是 length、参数留作原文", HANG_GUARD, async (t) => {
   const server = await serve(t, (request) => {
     const last = request.body.messages.at(-1);
     if (last.content[0].type === "tool_result") return { text: "第一行写着“加法”。", usage: { input: 90, output: 6 } };
@@ -185,6 +185,7 @@ test("Lab 24.1 · tool_use：input_json_delta 分块拼成参数，按内容顺�
       return { toolCalls: [{ name: "edit", arguments: '{"path":"说明.md","oldText":"旧' }], stop: "length", usage: { input: 10, output: 64 } };
     }
     return {
+      thinking: "先确认实现，再看测试怎么写的。",
       text: "我先读两个文件。",
       toolCalls: [
         { id: "toolu_A", name: "read", arguments: { path: "src/加法.ts" } },
@@ -196,6 +197,8 @@ test("Lab 24.1 · tool_use：input_json_delta 分块拼成参数，按内容顺�
   const model = createAnthropicModel({ model: "claude-课程", baseUrl: server.url, apiKey: CANARY });
   const context: AgentContext = { messages: [userMessage("看看加法为什么错")], tools: [readTool] };
   const first = await consume(model.stream(context));
+  // 线上的块依次是 thinking（index 0）、text（1）、两个 tool_use（2、3）；IR 里没有 thinking，位置从 0 数起。
+  assert.ok(first.events.every((event) => !("delta" in event) || !event.delta.includes("先确认实现")), "thinking 的文字不进任何增量");
 
   assert.equal(first.result.stopReason, "toolUse", first.result.errorMessage);
   assert.equal(first.result.provider, "anthropic", "provider 省略时是 anthropic");
