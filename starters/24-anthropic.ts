@@ -60,7 +60,8 @@ export interface AnthropicRequestBody {
 /**
  * 消息 IR → Messages API 的 system 与 messages（纯函数，不修改 context）。
  * system 消息重放成一个 system 参数（没有就省略这个键）；toolResult 变成 user 消息里的 tool_result 块
- * （空内容省略 content，失败的结果带 is_error: true）；空文本块不发；相邻的同角色消息合并成一条；
+ * （空内容省略 content，失败的结果带 is_error: true）；空文本块不发；相邻的同角色消息合并成一条，
+ * 合并后的 user 消息里 tool_result 块排在文字之前；
  * 工具调用的 input 必须是对象：没解析的参数原文能解析成对象就用它，否则给空对象。
  * 以 error / aborted 收尾的 assistant 消息不发，配给它那些调用的 toolResult 也不发。
  */

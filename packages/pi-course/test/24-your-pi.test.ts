@@ -135,6 +135,14 @@ test("Lab 24.1 · 出站与文本：system 单独成参数，相邻同角色的�
   assert.deepEqual(toAnthropicMessages(context), { system: "你是课程里的编码助手。\n\n只改必要的行。", messages: expectedMessages });
   assert.deepEqual(context, snapshot, "toAnthropicMessages 不能修改 context");
   assert.deepEqual(toAnthropicMessages({ messages: [userMessage("你好")] }), { messages: [{ role: "user", content: [{ type: "text", text: "你好" }] }] });
+  // 一句插话先于工具结果进了 transcript：发出去时工具结果仍排在文字前面。
+  const steered = toAnthropicMessages({
+    messages: [userMessage("读一下"), assistantMessage([earlierCall], "toolUse"), userMessage("顺便看看测试"), toolResult(earlierCall, "内容")],
+  });
+  assert.deepEqual(steered.messages[2], {
+    role: "user",
+    content: [{ type: "tool_result", tool_use_id: "toolu_01", content: "内容" }, { type: "text", text: "顺便看看测试" }],
+  });
   assert.deepEqual(toAnthropicTools([readTool]), [{ name: "read", description: "读取一个文件", input_schema: readTool.parameters }]);
   assert.equal(toAnthropicTools([]), undefined);
   assert.equal(toAnthropicTools(undefined), undefined);

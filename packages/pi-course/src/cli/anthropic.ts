@@ -127,8 +127,15 @@ export function toAnthropicMessages(context: AgentContext): { system?: string; m
   const append = (role: AnthropicWireMessage["role"], blocks: AnthropicContentBlock[]) => {
     if (blocks.length === 0) return;
     const last = messages[messages.length - 1];
-    if (last && last.role === role) last.content.push(...blocks);
-    else messages.push({ role, content: blocks });
+    if (!last || last.role !== role) {
+      messages.push({ role, content: blocks });
+      return;
+    }
+    last.content.push(...blocks);
+    // 一条 user 消息里，tool_result 块必须排在所有文字之前（API 的规定）；各自的先后不变。
+    if (role === "user") {
+      last.content = [...last.content.filter((block) => block.type === "tool_result"), ...last.content.filter((block) => block.type !== "tool_result")];
+    }
   };
   for (const message of context.messages) {
     switch (message.role) {
