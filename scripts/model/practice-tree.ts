@@ -100,7 +100,8 @@ export async function writePracticeTree(c: Checkpoint, info: HistoryInfo, dest: 
   // The package's own scripts: `build` goes through the harness, so that a build before `npm install` says what to do.
   const packageFile = inTree(dest, `${PACKAGE_DIR}/package.json`);
   const pkg = JSON.parse(await fs.readFile(packageFile, "utf8")) as { scripts?: Record<string, string> };
-  pkg.scripts = { ...pkg.scripts, build: "node ../../scripts/launch.js build" };
+  // `pi` (chapter 24's command line) in every chapter's folder: before chapter 24 it says in one line which chapter it needs.
+  pkg.scripts = { ...pkg.scripts, build: "node ../../scripts/launch.js build", pi: "node ../../scripts/launch.js pi" };
   await fs.writeFile(packageFile, `${JSON.stringify(pkg, null, 2)}\n`);
   await fs.writeFile(inTree(dest, ".gitignore"), ["node_modules/", "dist/", "*.tsbuildinfo", ...PRACTICE_IGNORES, ""].join("\n"));
   const texts = new Map([...starters].map(([file, starter]) => [file, starter.text]));

@@ -1,14 +1,23 @@
+// 第 24 章聚焦测试：你的 Pi。
+// 运行：npm run build -w @pi/course && node --test packages/pi-course/dist/test/24-your-pi.test.js
+// 按实验过滤：node --test --test-name-pattern="Lab 24.3" packages/pi-course/dist/test/24-*.test.js
+// Lab 24.1 第二种线格式 · Lab 24.2 模型与密钥 · Lab 24.3 命令行 · Lab 24.4 交互循环
+
 import assert from "node:assert/strict";
-import { chmod, mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
-import { tmpdir } from "node:os";
+import { spawn, spawnSync, type ChildProcess } from "node:child_process";
+import type { EventEmitter } from "node:events";
+import { chmod, mkdir, mkdtemp, readdir, readFile, realpath, rm, writeFile } from "node:fs/promises";
+import os, { tmpdir } from "node:os";
 import path from "node:path";
 import test, { type TestContext } from "node:test";
+import { fileURLToPath } from "node:url";
 
 import {
   createAnthropicModel,
   toAnthropicMessages,
   toAnthropicTools,
 } from "../src/cli/anthropic.js";
+import { encodeCwd } from "../src/cli/main.js";
 import {
   createModel,
   keyFilePath,
@@ -32,7 +41,15 @@ import {
   type ToolCall,
   type ToolDefinition,
 } from "../src/types.js";
-import { nextEvent, startLoopbackModel, type LoopbackModelServer, type LoopbackReply, type LoopbackRequest } from "../test-support/loopback-models.js";
+import { PERMISSION_DENIED } from "../src/guardrails/permissions.js";
+import {
+  nextEvent,
+  replySequence,
+  startLoopbackModel,
+  type LoopbackModelServer,
+  type LoopbackReply,
+  type LoopbackRequest,
+} from "../test-support/loopback-models.js";
 
 // ---------------------------------------------------------------------------
 // Lab 24.1 / 24.2 的夹具
@@ -578,4 +595,424 @@ test("Lab 24.2 · createModel 按 api 选线格式：同一台回环服务器上
   const noKey = resolveApiKey(config.providers.回环消息!, { env: { LOOP_OPENAI_KEY: OPENAI_CANARY }, home });
   assert.ok(!noKey.ok && noKey.message.includes("LOOP_ANTHROPIC_KEY"));
   assertNoKey(noKey, OPENAI_CANARY, "缺密钥的提示");
+});
+
+// ---------------------------------------------------------------------------
+// Lab 24.3 / 24.4 的夹具：真实的 git 仓库、真实的子进程、回环上的模型服务器
+// ---------------------------------------------------------------------------
+
+const PI_ENTRY = fileURLToPath(new URL("../src/cli/pi.js", import.meta.url));
+const LOOP_KEY = "sk-loop-0123456789abcdef-secret";
+
+/** 每个测试一个临时 HOME 与一个带失败测试的 git 仓库；结束时一起删掉。 */
+async function workspace(t: TestContext, url: string): Promise<{ home: string; repo: string }> {
+  const base = await realpath(await mkdtemp(path.join(os.tmpdir(), "pi-course-ch24-")));
+  t.after(() => rm(base, { recursive: true, force: true }));
+  const home = path.join(base, "home");
+  const repo = path.join(base, "repo");
+  await mkdir(path.join(home, ".pi-course"), { recursive: true });
+  await mkdir(repo);
+  await writeFile(
+    path.join(home, ".pi-course", "models.json"),
+    JSON.stringify({
+      providers: {
+        loop: {
+          api: "openai-completions",
+          baseUrl: `${url}/v1`,
+          apiKeyEnv: "LOOP_API_KEY",
+          models: [{ id: "loop-1", contextWindow: 64_000, maxTokens: 4_000 }],
+        },
+      },
+      default: { provider: "loop", model: "loop-1" },
+    }),
+  );
+  await writeFile(path.join(repo, "package.json"), `${JSON.stringify({ name: "demo", type: "module" })}\n`);
+  await writeFile(path.join(repo, "sum.js"), "export function sum(a, b) {\n  return a - b;\n}\n");
+  await writeFile(
+    path.join(repo, "sum.test.js"),
+    'import assert from "node:assert/strict";\nimport { test } from "node:test";\nimport { sum } from "./sum.js";\n\ntest("sum adds", () => {\n  assert.equal(sum(2, 3), 5);\n});\n',
+  );
+  const git = (...args: string[]) => {
+    const result = spawnSync("git", args, { cwd: repo, encoding: "utf8" });
+    assert.equal(result.status, 0, `git ${args.join(" ")}: ${result.stderr}`);
+  };
+  git("init", "-q");
+  git("-c", "user.name=t", "-c", "user.email=t@example.invalid", "add", ".");
+  git("-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-q", "-m", "failing sum");
+  return { home, repo };
+}
+
+/** 子进程的环境：临时 HOME、回环密钥；去掉 node:test 给子进程的标记，免得仓库里的 node --test 改成二进制报告。 */
+function childEnv(home: string, withKey = true): NodeJS.ProcessEnv {
+  const env: NodeJS.ProcessEnv = { ...process.env, HOME: home, USERPROFILE: home };
+  delete env.NODE_TEST_CONTEXT;
+  delete env.LOOP_API_KEY;
+  if (withKey) env.LOOP_API_KEY = LOOP_KEY;
+  return env;
+}
+
+function repoTestsPass(repo: string, home: string): boolean {
+  return spawnSync(process.execPath, ["--test"], { cwd: repo, env: childEnv(home, false), encoding: "utf8" }).status === 0;
+}
+
+interface Finished {
+  code: number | null;
+  signal: NodeJS.Signals | null;
+  stdout: string;
+  stderr: string;
+}
+
+interface Running {
+  child: ChildProcess;
+  finished: Promise<Finished>;
+  stdout(): string;
+  stderr(): string;
+}
+
+function startPi(args: readonly string[], cwd: string, env: NodeJS.ProcessEnv): Running {
+  const child = spawn(process.execPath, [PI_ENTRY, ...args], { cwd, env, stdio: ["ignore", "pipe", "pipe"] });
+  let stdout = "";
+  let stderr = "";
+  child.stdout!.setEncoding("utf8").on("data", (chunk: string) => (stdout += chunk));
+  child.stderr!.setEncoding("utf8").on("data", (chunk: string) => (stderr += chunk));
+  const finished = new Promise<Finished>((resolve, reject) => {
+    child.on("error", reject);
+    child.on("close", (code, signal) => resolve({ code, signal, stdout, stderr }));
+  });
+  return { child, finished, stdout: () => stdout, stderr: () => stderr };
+}
+
+async function runPi(args: readonly string[], cwd: string, env: NodeJS.ProcessEnv): Promise<Finished> {
+  return startPi(args, cwd, env).finished;
+}
+
+/** 等一个服务器事件，同时盯着子进程：子进程先退出时测试带着它的 stderr 失败，而不是一直挂着。 */
+function eventOrExit<T>(emitter: EventEmitter, event: string, exited: Promise<Finished>, what: string): Promise<T> {
+  return new Promise<T>((resolve, reject) => {
+    const onEvent = (value: T) => resolve(value);
+    emitter.once(event, onEvent);
+    exited.then(
+      (result) => {
+        emitter.off(event, onEvent);
+        reject(new Error(`${what} 之前 CLI 已经退出（code ${result.code}）：${result.stderr.trim() || result.stdout.trim()}`));
+      },
+      reject,
+    );
+  });
+}
+
+/** 等服务器收到至少 n 个请求（已经收到就立刻返回），同样与子进程的退出赛跑。 */
+async function untilRequests(server: LoopbackModelServer, n: number, exited: Promise<Finished>): Promise<void> {
+  while (server.requests.length < n) await eventOrExit(server.events, "request", exited, `第 ${n} 次模型请求`);
+}
+
+async function sessionFiles(home: string, repo: string): Promise<string[]> {
+  const dir = path.join(home, ".pi-course", "sessions", encodeCwd(repo));
+  const names = await readdir(dir).catch(() => [] as string[]);
+  return names.filter((name) => name.endsWith(".jsonl")).sort().map((name) => path.join(dir, name));
+}
+
+async function readEntries(file: string): Promise<any[]> {
+  const raw = await readFile(file, "utf8");
+  return raw.split("\n").filter((line) => line !== "").map((line) => JSON.parse(line));
+}
+
+/** OpenAI 线格式的请求里所有消息的文本，按顺序拼在一起。 */
+function wireText(request: LoopbackRequest): string {
+  return JSON.stringify(request.body.messages);
+}
+
+function toolCallReply(name: string, args: Record<string, unknown>): LoopbackReply {
+  return { toolCalls: [{ name, arguments: args }] };
+}
+
+/** 四步脚本：读文件、改文件、跑测试、回答。 */
+const FIX_SCRIPT: LoopbackReply[] = [
+  toolCallReply("read", { path: "sum.js" }),
+  toolCallReply("edit", { path: "sum.js", oldText: "return a - b;", newText: "return a + b;" }),
+  toolCallReply("bash", { command: "node --test" }),
+  { text: "修好了：sum 把减号改成了加号，node --test 通过。" },
+];
+
+async function withServer(
+  t: TestContext,
+  reply: (request: LoopbackRequest) => LoopbackReply | Promise<LoopbackReply>,
+): Promise<LoopbackModelServer> {
+  const server = await startLoopbackModel({ reply });
+  t.after(() => server.close());
+  return server;
+}
+
+test("Lab 24.3 · 端到端：真 git 仓库里模型读文件、改文件、用 bash 跑测试并回答；文件修好，会话落盘，--continue 把整段历史发回模型", async (t) => {
+  const server = await withServer(t, replySequence(...FIX_SCRIPT, { text: "我把 sum.js 的 a - b 改成了 a + b。" }));
+  const { home, repo } = await workspace(t, server.url);
+  assert.equal(repoTestsPass(repo, home), false, "夹具：一开始测试应当失败");
+
+  const first = await runPi(["-p", "--yes", "修好 sum.js，让测试通过"], repo, childEnv(home));
+  assert.equal(first.code, 0, `第一次运行：${first.stderr}`);
+  assert.match(first.stdout, /修好了/);
+  assert.equal(await readFile(path.join(repo, "sum.js"), "utf8"), "export function sum(a, b) {\n  return a + b;\n}\n");
+  assert.equal(repoTestsPass(repo, home), true, "模型改过之后仓库的测试应当通过");
+  assert.equal(server.requests.length, 4);
+  assert.match(wireText(server.requests[1]!), /a - b/, "第二次请求应当带着 read 的结果");
+  assert.match(wireText(server.requests[3]!), /pass 1/, "第四次请求应当带着 bash 跑出的测试结果");
+  assert.equal(server.requests[0]!.headers.authorization, `Bearer ${LOOP_KEY}`);
+
+  const files = await sessionFiles(home, repo);
+  assert.equal(files.length, 1, "会话文件应当在 <home>/.pi-course/sessions/<编码后的目录>/ 里");
+  assert.match(path.basename(files[0]!), /^\d{4}-\d{2}-\d{2}T[\d-]+Z_[^_]+\.jsonl$/);
+  const raw = await readFile(files[0]!, "utf8");
+  assert.equal(raw.includes(LOOP_KEY), false, "密钥不能写进会话");
+  const roles = (await readEntries(files[0]!)).filter((entry) => entry.type === "message").map((entry) => entry.message.role);
+  assert.deepEqual(roles.filter((role) => role !== "system"), ["user", "assistant", "toolResult", "assistant", "toolResult", "assistant", "toolResult", "assistant"]);
+
+  const again = await runPi(["-c", "-p", "你改了什么？"], repo, childEnv(home));
+  assert.equal(again.code, 0, `--continue：${again.stderr}`);
+  assert.match(again.stdout, /a \+ b/);
+  assert.deepEqual(await sessionFiles(home, repo), files, "--continue 接着同一个文件，不新建");
+  const resumed = server.requests[4]!.body.messages as Array<{ role: string; content: unknown; tool_calls?: unknown[] }>;
+  assert.deepEqual(
+    resumed.filter((message) => message.role !== "system").map((message) => message.role),
+    ["user", "assistant", "tool", "assistant", "tool", "assistant", "tool", "assistant", "user"],
+    "--continue 的请求应当带着整段历史，再加上新的问题",
+  );
+  assert.match(JSON.stringify(resumed[resumed.length - 1]), /你改了什么/);
+  assert.match(JSON.stringify(resumed), /修好 sum\.js/);
+
+  const audit = await readFile(path.join(home, ".pi-course", "audit", `${/_([^_]+)\.jsonl$/.exec(files[0]!)![1]}.jsonl`), "utf8");
+  const decisions = audit.trim().split("\n").map((line) => JSON.parse(line));
+  assert.deepEqual(decisions.map((record) => [record.tool, record.decision]), [["read", "read"], ["edit", "confirmed"], ["bash", "confirmed"]]);
+});
+
+test("Lab 24.3 · 流到一半收到 SIGINT：退出码 130，会话完整可读，--continue 接着这段历史再问", async (t) => {
+  const server = await withServer(t, replySequence({ text: ["从前有座山，", "山里有座庙"], hold: true }, { text: "庙里有个老和尚。" }));
+  const { home, repo } = await workspace(t, server.url);
+
+  const run = startPi(["-p", "讲个很长的故事"], repo, childEnv(home));
+  await eventOrExit(server.events, "held", run.finished, "服务器发出第一个增量");
+  run.child.kill("SIGINT");
+  const interrupted = await run.finished;
+  assert.equal(interrupted.code, 130, `SIGINT 之后：${interrupted.stderr}`);
+  assert.match(interrupted.stderr, /--continue/);
+
+  const files = await sessionFiles(home, repo);
+  assert.equal(files.length, 1);
+  const messages = (await readEntries(files[0]!)).filter((entry) => entry.type === "message").map((entry) => entry.message);
+  assert.deepEqual(messages.filter((m) => m.role !== "system").map((m) => [m.role, m.stopReason ?? null]), [["user", null], ["assistant", "aborted"]]);
+  assert.match(JSON.stringify(messages[messages.length - 1].content), /从前有座山/);
+
+  const resumed = await runPi(["--continue", "-p", "接着讲"], repo, childEnv(home));
+  assert.equal(resumed.code, 0, `--continue：${resumed.stderr}`);
+  assert.match(resumed.stdout, /老和尚/);
+  const second = wireText(server.requests[1]!);
+  assert.match(second, /讲个很长的故事/);
+  assert.match(second, /接着讲/);
+  const after = (await readEntries(files[0]!)).filter((entry) => entry.type === "message").map((entry) => entry.message.role);
+  assert.deepEqual(after.filter((role) => role !== "system"), ["user", "assistant", "user", "assistant"]);
+});
+
+test("Lab 24.3 · 失败只有一行：401 不带密钥，缺密钥说出环境变量；-p 没有 --yes 时 write 被拒绝、文件不变；--mode json 每行都能解析", async (t) => {
+  const server = await withServer(
+    t,
+    replySequence(
+      { error: { status: 401, message: `Incorrect API key provided: ${LOOP_KEY}` } },
+      toolCallReply("write", { path: "sum.js", content: "export const sum = () => 5;\n" }),
+      { text: "写入被拒绝了，我没有改文件。" },
+    ),
+  );
+  const { home, repo } = await workspace(t, server.url);
+  const original = await readFile(path.join(repo, "sum.js"), "utf8");
+
+  const denied = await runPi(["-p", "你好"], repo, childEnv(home));
+  assert.equal(denied.code, 1);
+  const lines = denied.stderr.trim().split("\n");
+  assert.equal(lines.length, 1, `401 只打印一行：${denied.stderr}`);
+  assert.match(lines[0]!, /401/);
+  assert.equal(denied.stderr.includes(LOOP_KEY) || denied.stdout.includes(LOOP_KEY), false, "密钥不能出现在输出里");
+  assert.match(lines[0]!, /LOOP_API_KEY/);
+
+  const requestsBefore = server.requests.length;
+  const missing = await runPi(["-p", "你好"], repo, childEnv(home, false));
+  assert.equal(missing.code, 1);
+  assert.equal(missing.stderr.trim().split("\n").length, 1, missing.stderr);
+  assert.match(missing.stderr, /LOOP_API_KEY/);
+  assert.equal(server.requests.length, requestsBefore, "缺密钥时不应发出任何请求");
+
+  const json = await runPi(["-p", "--mode", "json", "把 sum.js 改成永远返回 5"], repo, childEnv(home));
+  assert.equal(json.code, 0, json.stderr);
+  assert.match(json.stderr, /--yes/);
+  assert.equal(await readFile(path.join(repo, "sum.js"), "utf8"), original, "被拒绝的 write 不能碰文件");
+  const events = json.stdout.trim().split("\n").map((line) => JSON.parse(line));
+  assert.ok(events.length > 3);
+  assert.ok(events.some((event) => event.type === "loop" && event.event.type === "tool_end" && event.event.result.isError === true));
+  assert.equal(events[events.length - 1].reason, "stop");
+  const toolMessage = (server.requests[server.requests.length - 1]!.body.messages as Array<{ role: string; content: string }>).find((m) => m.role === "tool");
+  assert.equal(toolMessage?.content, PERMISSION_DENIED);
+});
+
+// ---------------------------------------------------------------------------
+// Lab 24.4：真实的伪终端（python3 的 pty 模块）
+// ---------------------------------------------------------------------------
+
+/** 一个极小的 pty 中继：在伪终端里启动命令，把终端输出抄到 stdout，把 stdin 抄进终端；退出码原样交回。 */
+const PTY_RELAY = [
+  "import os, pty, select, sys",
+  "pid, fd = pty.fork()",
+  "if pid == 0:",
+  "    os.execvp(sys.argv[1], sys.argv[1:])",
+  "inp, out, reading = sys.stdin.fileno(), sys.stdout.fileno(), True",
+  "while True:",
+  "    ready, _, _ = select.select([fd] + ([inp] if reading else []), [], [])",
+  "    if fd in ready:",
+  "        try:",
+  "            data = os.read(fd, 65536)",
+  "        except OSError:",
+  "            data = b''",
+  "        if not data:",
+  "            break",
+  "        os.write(out, data)",
+  "    if reading and inp in ready:",
+  "        data = os.read(inp, 65536)",
+  "        if data:",
+  "            os.write(fd, data)",
+  "        else:",
+  "            reading = False",
+  "_, status = os.waitpid(pid, 0)",
+  "code = os.waitstatus_to_exitcode(status)",
+  "sys.exit(128 - code if code < 0 else code)",
+].join("\n");
+
+interface Terminal {
+  type(value: string): void;
+  /** 等终端输出（去掉控制序列之后）在 from 之后出现 pattern；终端先退出就失败。 */
+  waitFor(pattern: RegExp, what: string): Promise<number>;
+  screen(): string;
+  finished: Promise<Finished>;
+}
+
+function stripAnsi(value: string): string {
+  // eslint-disable-next-line no-control-regex
+  return value.replace(/\x1b\[[0-9;?]*[ -/]*[@-~]/g, "").replace(/\r/g, "");
+}
+
+function startTerminal(args: readonly string[], cwd: string, env: NodeJS.ProcessEnv): Terminal {
+  const probe = spawnSync("python3", ["-c", "import pty"], { encoding: "utf8" });
+  if (probe.error !== undefined || probe.status !== 0) {
+    throw new Error(`Lab 24.4 的测试需要 python3（带 pty 模块）来开一个真正的伪终端：${probe.error?.message ?? probe.stderr}`);
+  }
+  const child = spawn("python3", ["-c", PTY_RELAY, process.execPath, PI_ENTRY, ...args], {
+    cwd,
+    env: { ...env, TERM: "dumb", COLUMNS: "200", LINES: "50" },
+    stdio: ["pipe", "pipe", "pipe"],
+  });
+  let raw = "";
+  let stderr = "";
+  const waiters = new Set<() => void>();
+  child.stdout!.setEncoding("utf8").on("data", (chunk: string) => {
+    raw += chunk;
+    if (process.env.PI_DEBUG_PTY) process.stderr.write(chunk);
+    for (const wake of [...waiters]) wake();
+  });
+  child.stderr!.setEncoding("utf8").on("data", (chunk: string) => (stderr += chunk));
+  const finished = new Promise<Finished>((resolve, reject) => {
+    child.on("error", reject);
+    child.on("close", (code, signal) => {
+      resolve({ code, signal, stdout: stripAnsi(raw), stderr });
+      for (const wake of [...waiters]) wake();
+    });
+  });
+  let exited = false;
+  void finished.then(() => (exited = true), () => (exited = true));
+  let cursor = 0;
+  return {
+    type(value) {
+      child.stdin!.write(value);
+    },
+    waitFor(pattern, what) {
+      return new Promise<number>((resolve, reject) => {
+        const check = () => {
+          const screen = stripAnsi(raw);
+          const match = pattern.exec(screen.slice(cursor));
+          if (match !== null) {
+            waiters.delete(check);
+            cursor += match.index + match[0].length;
+            resolve(cursor);
+          } else if (exited) {
+            waiters.delete(check);
+            reject(new Error(`等 ${what} 时终端已经退出：\n${screen.slice(-2000)}\n${stderr}`));
+          }
+        };
+        waiters.add(check);
+        check();
+      });
+    },
+    screen: () => stripAnsi(raw),
+    finished,
+  };
+}
+
+test("Lab 24.4 · 终端里：文本流式打印，每次工具调用与结果各一行，写之前要确认；工作中敲下的一行成为 steering 消息", async (t) => {
+  let release!: () => void;
+  const steered = new Promise<void>((resolve) => (release = resolve));
+  const script = replySequence(...FIX_SCRIPT);
+  const server = await withServer(t, async (request) => {
+    // 第二次请求等测试把 steering 消息敲进去：这时 agent 一定还在工作。
+    if (server.requests.length === 2) await steered;
+    return script(request);
+  });
+  const { home, repo } = await workspace(t, server.url);
+  const terminal = startTerminal([], repo, childEnv(home));
+  t.after(() => terminal.finished.catch(() => undefined));
+
+  await terminal.waitFor(/\/exit/, "启动说明");
+  terminal.type("修好 sum.js\r");
+  await terminal.waitFor(/● read sum\.js/, "read 的那一行");
+  await terminal.waitFor(/↳ 完成/, "read 结果的那一行");
+  await untilRequests(server, 2, terminal.finished);
+  terminal.type("只改 sum.js，别的文件别动\r");
+  await terminal.waitFor(/已插入/, "steering 的确认");
+  release();
+  await terminal.waitFor(/允许 edit sum\.js/, "edit 的确认问题");
+  terminal.type("y");
+  await terminal.waitFor(/↳ 完成/, "edit 结果的那一行");
+  await terminal.waitFor(/允许 bash node --test/, "bash 的确认问题");
+  terminal.type("y");
+  await terminal.waitFor(/修好了：sum/, "流式的回答");
+  terminal.type("/exit\r");
+  const result = await terminal.finished;
+  assert.equal(result.code, 0, result.stdout.slice(-2000));
+  assert.equal(repoTestsPass(repo, home), true);
+  const third = wireText(server.requests[2]!);
+  assert.match(third, /只改 sum\.js，别的文件别动/, "steering 消息应当出现在下一次请求里");
+  assert.equal(wireText(server.requests[1]!).includes("别的文件别动"), false, "steering 消息不能早于它被敲下的时刻");
+});
+
+test("Lab 24.4 · Ctrl-C 中断这一轮且会话保存，连按两次退出（130）；/session 说明会话，/new 换新文件", async (t) => {
+  const server = await withServer(t, replySequence({ text: ["从前有座山，", "山里有座庙"], hold: true }));
+  const { home, repo } = await workspace(t, server.url);
+  const terminal = startTerminal([], repo, childEnv(home));
+  t.after(() => terminal.finished.catch(() => undefined));
+
+  await terminal.waitFor(/\/exit/, "启动说明");
+  terminal.type("讲个很长的故事\r");
+  await eventOrExit(server.events, "held", terminal.finished, "服务器发出第一个增量");
+  await terminal.waitFor(/从前有座山/, "流式的第一段");
+  terminal.type("\x03");
+  await terminal.waitFor(/已中断这一轮/, "中断提示");
+  await terminal.waitFor(/会话已保存/, "这一轮的结局");
+  terminal.type("/session\r");
+  await terminal.waitFor(/会话：\S+\.jsonl · [1-9]\d* 条记录/, "/session 的说明");
+  const [first] = await sessionFiles(home, repo);
+  assert.ok(first !== undefined);
+  const saved = (await readEntries(first)).filter((entry) => entry.type === "message").map((entry) => entry.message);
+  assert.deepEqual(saved.filter((m) => m.role !== "system").map((m) => [m.role, m.stopReason ?? null]), [["user", null], ["assistant", "aborted"]]);
+
+  terminal.type("/new\r");
+  await terminal.waitFor(/新会话：\S+\.jsonl/, "/new 的说明");
+  terminal.type("\x03");
+  await terminal.waitFor(/再按一次 Ctrl-C 退出/, "第一次 Ctrl-C 的提示");
+  terminal.type("\x03");
+  const result = await terminal.finished;
+  assert.equal(result.code, 130, result.stdout.slice(-2000));
+  assert.match(result.stdout, new RegExp(`新会话：(?!${first.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")})`));
 });
