@@ -914,15 +914,20 @@ function startTerminal(args: readonly string[], cwd: string, env: NodeJS.Process
     for (const wake of [...waiters]) wake();
   });
   child.stderr!.setEncoding("utf8").on("data", (chunk: string) => (stderr += chunk));
+  // exited 在唤醒等待者之前就置好：一个还在等的 waitFor 醒来时必须看得到“终端已经退出”，否则会一直等下去。
+  let exited = false;
   const finished = new Promise<Finished>((resolve, reject) => {
-    child.on("error", reject);
+    child.on("error", (error) => {
+      exited = true;
+      for (const wake of [...waiters]) wake();
+      reject(error);
+    });
     child.on("close", (code, signal) => {
+      exited = true;
       resolve({ code, signal, stdout: stripAnsi(raw), stderr });
       for (const wake of [...waiters]) wake();
     });
   });
-  let exited = false;
-  void finished.then(() => (exited = true), () => (exited = true));
   let cursor = 0;
   return {
     type(value) {
