@@ -3,6 +3,7 @@
 // (chapter 24's pi-course) stays in a practice folder's lockfile only where that chapter's package.json declares it.
 import test from "node:test";
 import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
@@ -47,4 +48,23 @@ test("工作区的 bin 只在快照的 package.json 声明它时留在 lockfile 
     fitLockfile(lock, "packages/pi-course", { name: "@pi/course", bin: { "pi-course": "bin/pi-course.js" } }).packages!["packages/pi-course"]!.bin,
     { "pi-course": "bin/pi-course.js" },
   );
+});
+
+test("npm run pi 在敲命令的目录里工作：项目级的 models.json 从 INIT_CWD 读，而不是从 packages/pi-course", (t) => {
+  const base = fs.mkdtempSync(path.join(os.tmpdir(), "pi-course-pi-cwd-"));
+  t.after(() => fs.rmSync(base, { recursive: true, force: true }));
+  const home = path.join(base, "home");
+  const caller = path.join(base, "project");
+  fs.mkdirSync(home);
+  fs.mkdirSync(path.join(caller, ".pi-course"), { recursive: true });
+  fs.writeFileSync(path.join(caller, ".pi-course", "models.json"), JSON.stringify({
+    providers: { "here-only": { api: "openai-completions", baseUrl: "http://127.0.0.1:9/v1", apiKeyEnv: null, models: [{ id: "m", contextWindow: 1000, maxTokens: 100 }] } },
+  }));
+  const env: NodeJS.ProcessEnv = { ...process.env, HOME: home, INIT_CWD: caller };
+  delete env.NODE_TEST_CONTEXT;
+  const result = spawnSync(process.execPath, [path.join(ROOT, "scripts", "launch.js"), "pi", "--list-models"], {
+    cwd: path.join(ROOT, "packages", "pi-course"), env, encoding: "utf8",
+  });
+  assert.equal(result.status, 0, result.stderr);
+  assert.match(result.stdout, /here-only\/m {2}openai-completions/);
 });
