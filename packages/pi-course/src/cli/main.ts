@@ -201,6 +201,8 @@ export interface CliEnvironment {
   stderr: TerminalOutput;
   /** 订阅 SIGINT；返回退订函数。 */
   onInterrupt(listener: () => void): () => void;
+  /** 第二次 Ctrl-C：不再等这一轮收尾，立即以这个退出码结束进程（测试里可以不给）。 */
+  forceExit?(code: number): void;
 }
 
 export function processEnvironment(): CliEnvironment {
@@ -216,6 +218,9 @@ export function processEnvironment(): CliEnvironment {
       return () => {
         process.off("SIGINT", listener);
       };
+    },
+    forceExit(code) {
+      process.exit(code);
     },
   };
 }
@@ -686,6 +691,8 @@ async function runPrint(pi: Pi, environment: CliEnvironment, keyHint: string, se
   let interrupts = 0;
   const stopListening = environment.onInterrupt(() => {
     interrupts += 1;
+    // 第一次：中止这一轮，等它把已有的消息落盘；第二次：不再等了。
+    if (interrupts >= 2) environment.forceExit?.(130);
     runtime.control.abort();
   });
   const unsubscribe =
@@ -722,7 +729,7 @@ async function runPrint(pi: Pi, environment: CliEnvironment, keyHint: string, se
 // ---------------------------------------------------------------------------
 
 export interface CliDeps {
-  /** 第 24.4 章的交互循环；测试或 pi.ts 注入，免得 main.ts 在 -p 时也加载终端代码。 */
+  /** interactive.ts 的交互循环；测试或 pi.ts 注入，免得 main.ts 在 -p 时也加载终端代码。 */
   interactive?: (pi: Pi, environment: CliEnvironment, initialPrompt: string) => Promise<number>;
   fetch?: typeof fetch;
 }
