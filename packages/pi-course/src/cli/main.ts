@@ -11,7 +11,7 @@
 //   第 22 章    read 直接放行，write/edit/bash 先问确认；每次判定写进审计日志。
 // 退出码：0 正常结束，1 出错（stderr 只有一行中文，绝不含密钥），130 被中断（会话照样落盘，--continue 能接着问）。
 import { randomUUID } from "node:crypto";
-import { mkdir, readdir, readFile, realpath } from "node:fs/promises";
+import { mkdir, readdir, readFile, realpath, stat } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
@@ -242,7 +242,10 @@ function newSessionFileName(now: Date, id: string): string {
   return `${now.toISOString().replace(/[:.]/g, "-")}_${id}.jsonl`;
 }
 
-/** 目录里最新的会话文件（文件名以时间开头，按名字排序即按时间排序）；没有时 undefined。 */
+/**
+ * 目录里最新的、写过内容的会话文件（文件名以时间开头，按名字排序即按时间排序）；没有时 undefined。
+ * 空文件跳过：打开交互模式又马上退出会留下一个空文件，--continue 不该接到它上面。
+ */
 export async function latestSessionFile(directory: string): Promise<string | undefined> {
   let names: string[];
   try {
@@ -250,9 +253,12 @@ export async function latestSessionFile(directory: string): Promise<string | und
   } catch {
     return undefined;
   }
-  const sessions = names.filter((name) => name.endsWith(".jsonl")).sort();
-  const last = sessions[sessions.length - 1];
-  return last === undefined ? undefined : path.join(directory, last);
+  const sessions = names.filter((name) => name.endsWith(".jsonl")).sort().reverse();
+  for (const name of sessions) {
+    const file = path.join(directory, name);
+    if ((await stat(file).catch(() => undefined))?.size) return file;
+  }
+  return undefined;
 }
 
 // ---------------------------------------------------------------------------
