@@ -7,7 +7,8 @@
 // apart). Prints the medians against the targets and a breakdown of where the lab loop's time goes. Not a test.
 // First of all it runs scripts/bench-stream.ts (chapter 05's streaming assembly, 1/2/4 MB of deltas, time per MB);
 // --stream-only stops after that part. Then scripts/bench-orchestration.ts: chapters 21/23's task queue (625 / 2,500 /
-// 10,000 tasks through TaskRuntime.submit and TaskScheduler) and chapter 23's digest() at 4x steps of input.
+// 10,000 tasks through TaskRuntime.submit and TaskScheduler) and chapter 23's digest() at 4x steps of input. Then
+// scripts/bench-cli.ts: chapter 24's command line, start → first model request and one scripted task end to end.
 import { type ChildProcess, spawn } from "node:child_process";
 import os from "node:os";
 import path from "node:path";
@@ -162,6 +163,12 @@ await main(async (args) => {
   const orchestration = await timed(node, [launcher, "bench-orchestration"], ROOT);
   process.stdout.write(orchestration.stdout + orchestration.stderr);
   if (orchestration.code !== 0) throw new CourseError(`任务队列与摘要基准没有达到线性（退出码 ${orchestration.code}）`);
+  console.log("");
+
+  // ⓪c Chapter 24's command line: start → first model request, and one scripted task end to end (scripts/bench-cli.ts).
+  const cli = await timed(node, [launcher, "bench-cli"], ROOT);
+  process.stdout.write(cli.stdout + cli.stderr);
+  if (cli.code !== 0) throw new CourseError(`命令行基准失败（退出码 ${cli.code}）`);
   console.log("");
 
   console.log(`pi-course 基准：第 ${c.id} 章 · ${c.title}`);

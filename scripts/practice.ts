@@ -7,7 +7,7 @@ import { CourseError, cancelExit, main, rejectUnknownOptions } from "./model/cli
 import { chapterNumber, findCheckpoint, focusedGlob, loadCheckpoints } from "./model/manifest.js";
 import { ensureHistory, quietGit } from "./model/history.js";
 import { ROOT, isInside, resolveFromCaller } from "./model/paths.js";
-import { writePracticeTree } from "./model/practice-tree.js";
+import { packageBins, writePracticeTree } from "./model/practice-tree.js";
 import { checkDestination, writeNewFolder } from "./model/destination.js";
 import { quotePath } from "./model/quote.js";
 import { recordPracticeFolder } from "./model/progress.js";
@@ -47,6 +47,9 @@ await main(async (args) => {
       if (delay > 0) await new Promise((resolve) => setTimeout(resolve, delay)); // lets tests interrupt a run midway
       await quietGit(temp, ["init", "-q", "-b", "main"]);
       await quietGit(temp, ["add", "-A"]);
+      // The history's git runs with core.filemode=false, so the index says 100644 even for a bin that practice-tree.ts
+      // made executable; record it as 100755, or the learner's `git status` shows a mode change after npm install.
+      for (const bin of packageBins(temp)) await quietGit(temp, ["update-index", "--chmod=+x", bin]);
       await quietGit(temp, [
         "-c", "user.name=pi-course", "-c", "user.email=practice@pi-course.invalid", "-c", "commit.gpgsign=false",
         "-c", "maintenance.auto=false", "commit", "-q", "-m", `practice(${c.id}): ${c.title}`, "-m",
