@@ -142,8 +142,8 @@ export function childEnv(home: string, extra: Record<string, string> = {}): Node
 }
 
 /** Runs the real Pi's CLI to its exit (stdin closed, so `-p` never waits for piped input). */
-export function runRealPi(pi: RealPi, args: string[], options: { cwd: string; home: string; onSpawn?: (child: import("node:child_process").ChildProcess) => void }): Promise<ChildRun> {
-  return runNode([pi.cli, ...REAL_PI_BASE_ARGS, ...args], { cwd: options.cwd, env: childEnv(options.home), onSpawn: options.onSpawn });
+export function runRealPi(pi: RealPi, args: string[], options: { cwd: string; home: string; nodeArgs?: string[]; onSpawn?: (child: import("node:child_process").ChildProcess) => void }): Promise<ChildRun> {
+  return runNode([...(options.nodeArgs ?? []), pi.cli, ...REAL_PI_BASE_ARGS, ...args], { cwd: options.cwd, env: childEnv(options.home), onSpawn: options.onSpawn });
 }
 
 /** `node <args>` to its exit, output collected; the wall time includes start-up. */
