@@ -112,8 +112,12 @@ async function compareStream(pi: RealPi): Promise<string[]> {
       out.push(`## ${scenario.name}：${same ? "结果一致" : "结果不同"}（文本、工具调用、结束原因、用量、增量个数）`);
       out.push(...columns(ourLines, realLines, [OURS, REAL]));
       if (!same) out.push(`  ${OURS}：${outcome(ourLines, ourFinal)}`, `  ${REAL}：${outcome(realLines, realFinal)}`);
-      const onlyReal = [...new Set(realLines.map((l) => l.split(" ")[0]!))].filter((t) => !ourLines.some((l) => l.startsWith(t)));
+      const kinds = (lines: string[]) => [...new Set(lines.map((l) => l.split(" ")[0]!))];
+      const onlyReal = kinds(realLines).filter((t) => !kinds(ourLines).includes(t));
+      const onlyOurs = kinds(ourLines).filter((t) => !kinds(realLines).includes(t));
       if (onlyReal.length) out.push(`  只有真实 Pi 发的事件：${onlyReal.join("、")}`);
+      if (onlyOurs.length) out.push(`  只有本课程发的事件：${onlyOurs.join("、")}`);
+      if (realFinal.errorMessage || ourFinal.errorMessage) out.push(`  错误文本 ${OURS}：${String(ourFinal.errorMessage)}`, `  错误文本 ${REAL}：${String(realFinal.errorMessage)}`);
       out.push("");
     } finally {
       await server.close();
@@ -172,9 +176,12 @@ async function compareTools(pi: RealPi): Promise<string[]> {
   seed(ourDir);
   const tools = createCodingTools({ cwd: ourDir, containment: "workspace" });
   const ours: string[] = [];
+  const failures: string[] = [];
   for (const [index, step] of STEPS_08.entries()) {
     const result = await executeToolCall({ type: "toolCall", id: `call_${index}`, name: step.name, arguments: step.arguments }, tools);
-    ours.push(stepLine(index, { isError: result.isError, text: result.content.map((c) => c.text).join("") }));
+    const text = result.content.map((c) => c.text).join("");
+    ours.push(stepLine(index, { isError: result.isError, text }));
+    if (result.isError) failures.push(`${OURS} 第 ${index + 1} 步失败：${visible(text).replace(/\s+/g, " ").slice(0, 90)}`);
   }
 
   const realDir = tempDir("pi-course-08-real-");
@@ -190,13 +197,15 @@ async function compareTools(pi: RealPi): Promise<string[]> {
       if (!line.startsWith("{")) continue;
       const event = JSON.parse(line) as { type: string; isError?: boolean; result?: { content?: Array<{ text?: string }> } };
       if (event.type !== "tool_execution_end") continue;
-      real.push(stepLine(index, { isError: Boolean(event.isError), text: (event.result?.content ?? []).map((c) => c.text ?? "").join("") }));
+      const text = (event.result?.content ?? []).map((c) => c.text ?? "").join("");
+      real.push(stepLine(index, { isError: Boolean(event.isError), text }));
+      if (event.isError) failures.push(`${REAL} 第 ${index + 1} 步失败：${visible(text).replace(/\s+/g, " ").slice(0, 90)}`);
       index += 1;
     }
   } finally {
     await server.close();
   }
-  const out = ["## 每一步的结果", ...columns(ours, real, [OURS, REAL], 56), "", "## 最后的文件内容（JSON 转义：\\r 是 CR，\\ufeff 是 BOM）"];
+  const out = ["## 每一步的结果", ...columns(ours, real, [OURS, REAL], 56), ...failures, "", "## 最后的文件内容（JSON 转义：\\r 是 CR，\\ufeff 是 BOM）"];
   const ourBytes = bytesOf(ourDir);
   const realBytes = bytesOf(realDir);
   for (const [i, line] of ourBytes.entries()) {

@@ -16,6 +16,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { performance } from "node:perf_hooks";
+import { CourseError } from "./cli.js";
 import { ROOT } from "./paths.js";
 
 export const REAL_PI_VERSION = "0.73.1";
@@ -53,7 +54,8 @@ export function installedRealPi(root = ROOT): RealPi | undefined {
   }
 }
 
-export class RealPiInstallError extends Error {}
+/** One line for the user (a CourseError: the harness prints it without a stack). */
+export class RealPiInstallError extends CourseError {}
 
 /**
  * The pinned real Pi, installing it first when it is missing (one line on `log` says so). Fails with the command
@@ -71,7 +73,7 @@ export async function ensureRealPi(log: (line: string) => void = (line) => conso
     for (const file of ["package.json", "package-lock.json"]) fs.copyFileSync(path.join(PIN_DIR, file), path.join(temp, file));
     const result = await npmCi(temp);
     if (result.code !== 0) {
-      const detail = result.output.trim().split("\n").filter(Boolean).slice(-3).join(" / ");
+      const detail = result.output.trim().split("\n").map((l) => l.replace(/^npm error\s*/, "").trim()).filter(Boolean).slice(0, 2).join(" / ");
       throw new RealPiInstallError(`真实 Pi 安装失败（npm ci 退出码 ${result.code}${detail ? `：${detail}` : ""}）。联网后在课程仓库根目录运行 ${REAL_PI_INSTALL_COMMAND}，再重试。`);
     }
     fs.writeFileSync(path.join(temp, ".complete"), `${REAL_PI_VERSION}\n`);
@@ -88,11 +90,15 @@ export async function ensureRealPi(log: (line: string) => void = (line) => conso
   return installed;
 }
 
+const NPM_FETCH_CONFIG = /^npm_config_(registry|cache|userconfig|globalconfig|proxy|https_proxy|noproxy|strict_ssl|cafile|ca|offline|prefer_offline|fetch_[a-z_]+|.*:registry)$/i;
+
 function npmCi(cwd: string): Promise<{ code: number; output: string }> {
   const npmCli = process.env.npm_execpath && /npm-cli\.js$/.test(process.env.npm_execpath) ? process.env.npm_execpath : undefined;
   const [program, args] = npmCli ? [process.execPath, [npmCli]] : [process.platform === "win32" ? "npm.cmd" : "npm", []];
+  // npm run passes its whole configuration down as npm_* variables (a workspace among them, which would turn this
+  // install into one of the course's workspace); keep only what says where and how to fetch.
   const env: NodeJS.ProcessEnv = { ...process.env };
-  for (const key of Object.keys(env)) if (/^npm_/i.test(key)) delete env[key];
+  for (const key of Object.keys(env)) if (/^npm_/i.test(key) && !NPM_FETCH_CONFIG.test(key)) delete env[key];
   return new Promise((resolve) => {
     const child = spawn(program, [...args, "ci", "--ignore-scripts", "--no-audit", "--no-fund", "--loglevel=error", "--prefix", cwd], {
       cwd, env, stdio: ["ignore", "pipe", "pipe"], shell: process.platform === "win32",
