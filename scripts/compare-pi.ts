@@ -1,4 +1,4 @@
-// npm run compare-pi -- <05|08|10|13> [--install]      (course checkout only; also `-w @pi/course` once chapter 24 adds it)
+// npm run compare-pi -- <05|08|10|13|24> [--install]      (course checkout only; also `-w @pi/course` once chapter 24 adds it)
 // Runs the real Pi (exact-pinned, installed on demand: scripts/model/real-pi.ts) and the course's code on the same
 // input and prints both side by side:
 //   05  the provider stream: the real Pi's pi-ai `stream()` and chapter 05's createOpenAICompatibleModel on the same
@@ -6,7 +6,9 @@
 //   08  read/edit/write on the same files (Chinese text, CRLF, a BOM): the real Pi through `pi --mode json -p` with a
 //       scripted model, ours through chapter 08's createCodingTools; results per step and the final bytes;
 //   10  the session file each writes for the same task, as trees;
-//   13  print and json modes for the same prompt (ours: chapter 13's runMode over the composed runtime).
+//   13  print and json modes for the same prompt (ours: chapter 13's runMode over the composed runtime);
+//   24  the four parity tasks of test/real-pi-parity.test.ts through our CLI and the real Pi's: exit codes, files,
+//       tool names, the conversation each session holds.
 // `--install` only installs the real Pi (what to run by hand when an automatic install failed). Not a test.
 import fs from "node:fs";
 import os from "node:os";
@@ -17,6 +19,7 @@ import {
   REAL_PI_VERSION, type RealPi, ensureRealPi, messageLabel, realPiHome, renderTree, runRealPi, sessionFiles, sessionTree,
 } from "./model/real-pi.js";
 import { type ScriptedReply, type ScriptedRequest, startScriptedServer } from "./model/real-pi-server.js";
+import { OUR_CLI, PARITY_TASKS, conversation, ourSide, parityReply, realSide, toolSequence, treeBytes } from "./model/real-pi-parity.js";
 import { createOpenAICompatibleModel, createOpenAICompatibleTransport } from "../packages/pi-course/src/provider-adapter.js";
 import { createCodingTools } from "../packages/pi-course/src/coding-tools.js";
 import { executeToolCall } from "../packages/pi-course/src/tool.js";
@@ -24,8 +27,8 @@ import { createRuntime, runMode, type RuntimeMode } from "../packages/pi-course/
 import { JsonlSessionStore } from "../packages/pi-course/src/session.js";
 import type { ModelEvent } from "../packages/pi-course/src/types.js";
 
-const USAGE = "用法：npm run compare-pi -- <05|08|10|13>（在课程仓库根目录）；npm run compare-pi -- --install 只安装真实 Pi";
-const CHAPTERS = ["05", "08", "10", "13"] as const;
+const USAGE = "用法：npm run compare-pi -- <05|08|10|13|24>（在课程仓库根目录）；npm run compare-pi -- --install 只安装真实 Pi";
+const CHAPTERS = ["05", "08", "10", "13", "24"] as const;
 
 /** Two columns, padded by display width (a CJK character takes two cells). */
 function width(text: string): number {
@@ -319,6 +322,43 @@ async function compareModes(pi: RealPi): Promise<string[]> {
   return out;
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// 24 · the parity tasks through both command lines
+// ---------------------------------------------------------------------------------------------------------------
+
+async function compareCli(pi: RealPi): Promise<string[]> {
+  if (!fs.existsSync(OUR_CLI)) throw new CourseError(`找不到本课程的命令行 ${path.relative(process.cwd(), OUR_CLI)}（第 24 章）：先把它放进最终树。`);
+  const server = await startScriptedServer(parityReply);
+  const out: string[] = [];
+  try {
+    for (const [task, spec] of Object.entries(PARITY_TASKS)) {
+      const columnsOf: string[][] = [];
+      for (const side of [ourSide(server.url, spec.files), realSide(pi, server.url, spec.files)]) {
+        try {
+          const runs = await spec.run(side, server);
+          const file = side.sessions()[0];
+          columnsOf.push([
+            `退出码 ${runs.map((r) => (r.code === null ? `信号 ${r.signal}` : String(r.code))).join("、")}`,
+            `文件 ${Object.entries(treeBytes(side.cwd)).map(([name, bytes]) => `${name}(${bytes.length} B)`).join(" ") || "（没有）"}`,
+            `工具 ${file ? toolSequence(file).join(" → ") || "（没有）" : "—"}`,
+            `session ${file ? `${conversation(file).filter((m) => m.role !== "system").length} 条消息` : "（没有文件）"}`,
+            ...(file ? conversation(file).filter((m) => m.role !== "system").map((m) => `  ${m.role}${m.tools.length ? ` ${m.tools.join(",")}` : ""}${m.role === "assistant" && m.text ? `: ${m.text.slice(0, 16)}` : ""}${m.stopReason && m.stopReason !== "stop" && m.stopReason !== "toolUse" ? ` [${m.stopReason}]` : ""}`) : []),
+          ]);
+        } finally {
+          side.dispose();
+        }
+      }
+      out.push(`## ${PARITY_TITLES[task] ?? task}`, ...columns(columnsOf[0]!, columnsOf[1]!, [OURS, REAL], 44), "");
+    }
+  } finally {
+    await server.close();
+  }
+  return out;
+}
+const PARITY_TITLES: Record<string, string> = {
+  write: "写一个新文件", fix: "修好失败的测试（read → edit → bash）", continue: "第二问带 --continue", abort: "流到一半按 Ctrl-C（SIGINT）",
+};
+
 await main(async (args) => {
   const install = takeFlag(args, "--install");
   const chapter = args.shift();
@@ -335,8 +375,9 @@ await main(async (args) => {
     "08": "第 08 章 · read / edit / write：同样的文件，同样的调用",
     "10": "第 10 章 · session 文件：同一个任务，两棵树",
     "13": "第 13 章 · print / json 模式：同一个任务的 stdout",
+    "24": "第 24 章 · 两个命令行：同样的四个任务",
   };
-  const body = id === "05" ? await compareStream(pi) : id === "08" ? await compareTools(pi) : id === "10" ? await compareSessions(pi) : await compareModes(pi);
+  const body = id === "05" ? await compareStream(pi) : id === "08" ? await compareTools(pi) : id === "10" ? await compareSessions(pi) : id === "13" ? await compareModes(pi) : await compareCli(pi);
   console.log([`# ${titles[id]}（左：本课程，右：真实 Pi ${REAL_PI_VERSION}）`, "", ...body].join("\n"));
   return 0;
 });
