@@ -143,7 +143,8 @@ export interface ChildRun { code: number | null; signal: NodeJS.Signals | null; 
 /** Environment for a child agent: a clean HOME, no colours, none of npm's variables. */
 export function childEnv(home: string, extra: Record<string, string> = {}): NodeJS.ProcessEnv {
   const env: NodeJS.ProcessEnv = { ...process.env };
-  for (const key of Object.keys(env)) if (/^npm_/i.test(key) || key === "NODE_OPTIONS") delete env[key];
+  // NODE_TEST_CONTEXT would make a child started from a node:test file report to the parent's test runner.
+  for (const key of Object.keys(env)) if (/^npm_/i.test(key) || key === "NODE_OPTIONS" || key === "NODE_TEST_CONTEXT") delete env[key];
   return { ...env, HOME: home, USERPROFILE: home, PI_CODING_AGENT_DIR: path.join(home, ".pi", "agent"), NO_COLOR: "1", TERM: "dumb", ...extra };
 }
 
