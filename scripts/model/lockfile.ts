@@ -51,6 +51,10 @@ export function fitLockfile(lock: LockFile, workspace: string, manifest: Record<
     else entry[field] = kept;
   }
 
+  // A workspace's bin (chapter 24's pi-course) is recorded in the lockfile too: keep it only where the snapshot has it.
+  if (manifest.bin === undefined) delete entry.bin;
+  else entry.bin = structuredClone(manifest.bin);
+
   // Roots: the root package, every workspace (paths outside node_modules) and every link's target.
   const reachable = new Set<string>();
   const queue: string[] = [];

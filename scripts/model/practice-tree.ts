@@ -100,8 +100,16 @@ export async function writePracticeTree(c: Checkpoint, info: HistoryInfo, dest: 
   // The package's own scripts: `build` goes through the harness, so that a build before `npm install` says what to do.
   const packageFile = inTree(dest, `${PACKAGE_DIR}/package.json`);
   const pkg = JSON.parse(await fs.readFile(packageFile, "utf8")) as { scripts?: Record<string, string> };
-  pkg.scripts = { ...pkg.scripts, build: "node ../../scripts/launch.js build" };
+  // `pi` (chapter 24's command line) in every chapter's folder: before chapter 24 it says in one line which chapter it needs.
+  pkg.scripts = { ...pkg.scripts, build: "node ../../scripts/launch.js build", pi: "node ../../scripts/launch.js pi" };
   await fs.writeFile(packageFile, `${JSON.stringify(pkg, null, 2)}\n`);
+  // npm makes a bin's target executable on install; make it executable before the folder's first commit, so that
+  // `npm install` does not leave a mode change in the learner's git status (history stores every file as 100644).
+  const bins = (pkg as { bin?: unknown }).bin;
+  for (const target of typeof bins === "string" ? [bins] : typeof bins === "object" && bins !== null ? Object.values(bins) : []) {
+    const file = inTree(dest, `${PACKAGE_DIR}/${String(target)}`);
+    if (fs.existsSync(file)) await fs.chmod(file, 0o755);
+  }
   await fs.writeFile(inTree(dest, ".gitignore"), ["node_modules/", "dist/", "*.tsbuildinfo", ...PRACTICE_IGNORES, ""].join("\n"));
   const texts = new Map([...starters].map(([file, starter]) => [file, starter.text]));
   const holes = Object.fromEntries([...starters].map(([file, starter]) => [file, starter.holes]));

@@ -6,6 +6,7 @@
 //   适配器               ProviderChunk 流 → ModelEvent 流与一条最终 AssistantMessage；
 //   传输                 fetch + SSE 分帧 + 逐块校验 → ProviderChunk 流。
 // 适配器只认识 ProviderTransport 接口，所以测试可以用 fixedTransport 离线驱动它。
+// 第 24 章的 Anthropic 适配器复用这里导出的 SSE 分帧、限时等待、错误体读取与脱敏，不另写一份。
 import { AssistantMessageEventStream } from "./event-stream.js";
 import {
   assistantMessage,
@@ -152,22 +153,22 @@ export function toProviderTools(tools: ToolDefinition[] | undefined): ProviderWi
 // 适配器：ProviderChunk 流 → ModelEvent 流
 // ---------------------------------------------------------------------------
 
-function abortError(): DOMException {
+export function abortError(): DOMException {
   return new DOMException("Request was aborted", "AbortError");
 }
 
-function isAbortError(error: unknown): boolean {
+export function isAbortError(error: unknown): boolean {
   return (
     typeof error === "object" && error !== null && (error as { name?: unknown }).name === "AbortError"
   );
 }
 
-function errorText(error: unknown): string {
+export function errorText(error: unknown): string {
   return error instanceof Error ? error.message : String(error);
 }
 
 /** 一个内容块的独立副本：块对象是新的，文本与原始参数字符串共用；已解析的参数对象才深拷贝。 */
-function copyBlock(block: AssistantContent): AssistantContent {
+export function copyBlock(block: AssistantContent): AssistantContent {
   if (block.type === "text") return { ...block };
   return typeof block.arguments === "object" && block.arguments !== null
     ? { ...block, arguments: structuredClone(block.arguments) }
@@ -325,7 +326,7 @@ export function fixedTransport(chunks: ProviderChunk[]): ProviderTransport {
 
 type FinishReason = Extract<ProviderChunk, { type: "finish" }>["reason"];
 
-class InvalidChunkError extends Error {
+export class InvalidChunkError extends Error {
   constructor(detail: string) {
     super(`Invalid provider chunk: ${detail}`);
   }
@@ -463,7 +464,7 @@ class IdleTimeoutError extends Error {
  * 等一个承诺，但有两个出口：signal 一旦中止就立刻以 AbortError 结束等待（不依赖 body 自己报错）；
  * 等满 idleMs 还没有结果就以 IdleTimeoutError 结束。被放弃的承诺由调用方负责收尾（取消 reader）。
  */
-function within<T>(pending: Promise<T>, signal: AbortSignal | undefined, idleMs: number): Promise<T> {
+export function within<T>(pending: Promise<T>, signal: AbortSignal | undefined, idleMs: number): Promise<T> {
   if (signal?.aborted) return Promise.reject(abortError());
   return new Promise<T>((resolve, reject) => {
     const onAbort = () => settle(() => reject(abortError()));
@@ -484,7 +485,7 @@ function within<T>(pending: Promise<T>, signal: AbortSignal | undefined, idleMs:
   });
 }
 
-interface SseLimits {
+export interface SseLimits {
   maxLineBytes: number;
   idleTimeoutMs: number;
 }
@@ -495,7 +496,7 @@ interface SseLimits {
  * 两条边界：还没遇到换行的字节超过 maxLineBytes 就报错（否则一行没有尽头的数据会吃光内存）；
  * 每次读都受 idleTimeoutMs 约束（否则发完响应头就不再说话的服务器会让我们永远等下去）。
  */
-async function* readSsePayloads(
+export async function* readSsePayloads(
   body: ReadableStream<Uint8Array>,
   signal: AbortSignal | undefined,
   limits: SseLimits,
@@ -566,7 +567,7 @@ async function* readSsePayloads(
 /** 错误响应体最多读这么多字节：够看清原因，又不会被一个无穷的错误体拖住。 */
 const ERROR_BODY_BYTES = 16 * 1024;
 
-async function readErrorBody(response: Response, signal: AbortSignal | undefined, idleMs: number): Promise<string> {
+export async function readErrorBody(response: Response, signal: AbortSignal | undefined, idleMs: number): Promise<string> {
   if (!response.body) return "";
   const reader = response.body.getReader();
   const decoder = new TextDecoder();
@@ -797,19 +798,19 @@ function redact(message: string, apiKey: string): string {
 }
 
 /** 非中止错误一律改造成只有消息的普通 Error：不带 cause，密钥被替换成 [redacted]。 */
-function sanitizedError(error: unknown, apiKey: string): Error {
+export function sanitizedError(error: unknown, apiKey: string, fallback = "OpenAI-compatible transport failed"): Error {
   let message = errorText(error);
   const cause = error instanceof Error ? error.cause : undefined;
   if (cause instanceof Error && cause.message !== "" && !message.includes(cause.message)) {
     message = message === "" ? cause.message : `${message} (${cause.message})`;
   }
   message = redact(message, apiKey);
-  return new Error(message === "" ? "OpenAI-compatible transport failed" : message);
+  return new Error(message === "" ? fallback : message);
 }
 
-function positiveLimit(value: number | undefined, fallback: number, name: string): number {
+export function positiveLimit(value: number | undefined, fallback: number, name: string, label = "OpenAI-compatible"): number {
   if (value === undefined) return fallback;
-  if (!Number.isSafeInteger(value) || value <= 0) throw new Error(`OpenAI-compatible ${name} must be a positive integer`);
+  if (!Number.isSafeInteger(value) || value <= 0) throw new Error(`${label} ${name} must be a positive integer`);
   return value;
 }
 

@@ -1,0 +1,788 @@
+// 第 24 章 · Lab 24.3：命令行里的 Pi。
+//
+// 这个文件不发明新的规则，只把前面各章的部件按一次命令行调用接起来：
+//   参数        → 选模型（24.2 的 models.ts）、选会话文件、选工具；
+//   第 08 章    read / write / edit / bash，工作目录就是 --cwd；
+//   第 10 章    JSONL 会话，放在 <home>/.pi-course/sessions/<编码后的工作目录>/<时间>_<id>.jsonl；
+//   第 11 章    每次请求按模型的 contextWindow 与 maxTokens 投影上下文；
+//   第 12 章    AGENTS.md 总是读；项目里的 skills、extensions 只在信任名单里的目录才加载；
+//   第 13 章    唯一的 Runtime 与 runMode；
+//   第 15/17 章 配置的 MCP 服务器（项目级的同样要信任），工具以 deferred 注册，由 tool_search 按需激活；
+//   第 22 章    read 直接放行，write/edit/bash 先问确认；每次判定写进审计日志。
+// 退出码：0 正常结束，1 出错（stderr 只有一行中文，绝不含密钥），130 被中断（会话照样落盘，--continue 能接着问）。
+import { randomUUID } from "node:crypto";
+import { mkdir, readdir, readFile, realpath } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import { pathToFileURL } from "node:url";
+
+import { createCodingTools } from "../coding-tools.js";
+import { createRuntime, runMode, type ContextBudget, type Runtime } from "../composition.js";
+import type { AgentEvent } from "../agent.js";
+import type { AgentRunResult } from "../agent-loop.js";
+import {
+  AuditLog,
+  PERMISSION_DENIED,
+  argsDigest,
+  checkPermission,
+  permissionOf,
+  type ConfirmRequest,
+  type PermissionPolicy,
+  type ToolPermission,
+} from "../guardrails/permissions.js";
+import { StdioTransport } from "../mcp.js";
+import { createMcpRuntime, type McpRuntime, type McpServerConfig } from "../mcp-runtime.js";
+import { redactSecrets } from "../provider-adapter.js";
+import {
+  activateSkill,
+  createExtensionHost,
+  discoverResources,
+  loadExtension,
+  type ExtensionHost,
+  type ResourceCatalog,
+} from "../resources.js";
+import { InMemorySessionStore, JsonlSessionStore, type SessionStore } from "../session.js";
+import { createToolSearchTool } from "../tool-search.js";
+import { objectSchema, stringValue, ToolRegistry, type Tool } from "../tool.js";
+import { text, type AgentMessage, type Model, type ToolResultMessage } from "../types.js";
+import {
+  createModel,
+  listModels,
+  loadModelsConfig,
+  resolveApiKey,
+  resolveModel,
+  type ModelSpec,
+} from "./models.js";
+
+// ---------------------------------------------------------------------------
+// 参数
+// ---------------------------------------------------------------------------
+
+export type OutputMode = "text" | "json";
+
+export interface CliOptions {
+  print: boolean;
+  mode: OutputMode;
+  provider?: string;
+  model?: string;
+  continue: boolean;
+  session?: string;
+  noSession: boolean;
+  sessionDir?: string;
+  /** --tools 给出的名单：只注册这些工具，-p 模式下它们不用再确认。 */
+  tools?: string[];
+  cwd?: string;
+  yes: boolean;
+  listModels: boolean;
+  help: boolean;
+  prompt: string;
+}
+
+/** 参数写错：一行说明，退出码 1。 */
+export class CliUsageError extends Error {}
+
+export const CODING_TOOL_NAMES = ["read", "write", "edit", "bash"] as const;
+
+const VALUE_FLAGS: Record<string, keyof CliOptions> = {
+  "--mode": "mode",
+  "--provider": "provider",
+  "--model": "model",
+  "--session": "session",
+  "--session-dir": "sessionDir",
+  "--tools": "tools",
+  "--cwd": "cwd",
+};
+
+const SWITCHES: Record<string, keyof CliOptions> = {
+  "-p": "print",
+  "--print": "print",
+  "-c": "continue",
+  "--continue": "continue",
+  "--no-session": "noSession",
+  "--yes": "yes",
+  "--list-models": "listModels",
+  "-h": "help",
+  "--help": "help",
+};
+
+export function parseArgs(argv: readonly string[]): CliOptions {
+  const options: CliOptions = {
+    print: false,
+    mode: "text",
+    continue: false,
+    noSession: false,
+    yes: false,
+    listModels: false,
+    help: false,
+    prompt: "",
+  };
+  const words: string[] = [];
+  for (let index = 0; index < argv.length; index += 1) {
+    const arg = argv[index]!;
+    if (arg === "--") {
+      words.push(...argv.slice(index + 1));
+      break;
+    }
+    const eq = arg.startsWith("--") ? arg.indexOf("=") : -1;
+    const flag = eq > 0 ? arg.slice(0, eq) : arg;
+    const switchKey = SWITCHES[flag];
+    if (switchKey !== undefined && eq < 0) {
+      (options as unknown as Record<string, unknown>)[switchKey] = true;
+      continue;
+    }
+    const valueKey = VALUE_FLAGS[flag];
+    if (valueKey !== undefined) {
+      const value = eq > 0 ? arg.slice(eq + 1) : argv[++index];
+      if (value === undefined || value === "") throw new CliUsageError(`${flag} 后面需要一个值`);
+      setValue(options, valueKey, value, flag);
+      continue;
+    }
+    if (arg.startsWith("-") && arg !== "-") throw new CliUsageError(`不认识的参数 ${arg}（--help 列出全部参数）`);
+    words.push(arg);
+  }
+  options.prompt = words.join(" ");
+  if (options.noSession && (options.continue || options.session !== undefined)) {
+    throw new CliUsageError("--no-session 不能与 --continue 或 --session 一起用");
+  }
+  return options;
+}
+
+function setValue(options: CliOptions, key: keyof CliOptions, value: string, flag: string): void {
+  if (key === "mode") {
+    if (value !== "text" && value !== "json") throw new CliUsageError(`--mode 只能是 text 或 json（收到 ${value}）`);
+    options.mode = value;
+  } else if (key === "tools") {
+    const names = value.split(",").map((name) => name.trim()).filter((name) => name !== "");
+    const unknown = names.filter((name) => !(CODING_TOOL_NAMES as readonly string[]).includes(name));
+    if (names.length === 0 || unknown.length > 0) {
+      throw new CliUsageError(`${flag} 只接受 ${CODING_TOOL_NAMES.join(",")} 里的名字（收到 ${value}）`);
+    }
+    options.tools = [...new Set(names)];
+  } else {
+    (options as unknown as Record<string, unknown>)[key] = value;
+  }
+}
+
+export const USAGE = [
+  "用法：pi-course [参数] [提示词]",
+  "  -p, --print            只回答这一条提示词，打印结果后退出",
+  "  --mode text|json       输出格式；json 每行一个事件",
+  "  --provider 名字        使用哪个 provider（models.json 或预置）",
+  "  --model id             使用哪个模型",
+  "  -c, --continue         接着这个目录最近的会话",
+  "  --session 文件         使用（或新建）指定的会话文件",
+  "  --no-session           不写会话文件",
+  "  --session-dir 目录     会话文件放在这个目录里",
+  "  --tools a,b            只启用这些工具（read,write,edit,bash）；-p 模式下它们不再询问",
+  "  --cwd 目录             工作目录（默认是当前目录）",
+  "  --yes                  -p 模式下允许 write、edit、bash",
+  "  --list-models          列出配置的模型与缺少的密钥",
+].join("\n");
+
+// ---------------------------------------------------------------------------
+// 运行环境：测试与 pi.ts 各给一份
+// ---------------------------------------------------------------------------
+
+export interface TerminalInput extends NodeJS.ReadableStream {
+  isTTY?: boolean;
+  setRawMode?(mode: boolean): unknown;
+}
+
+export interface TerminalOutput extends NodeJS.WritableStream {
+  isTTY?: boolean;
+}
+
+export interface CliEnvironment {
+  env: Record<string, string | undefined>;
+  home: string;
+  cwd: string;
+  stdin: TerminalInput;
+  stdout: TerminalOutput;
+  stderr: TerminalOutput;
+  /** 订阅 SIGINT；返回退订函数。 */
+  onInterrupt(listener: () => void): () => void;
+}
+
+export function processEnvironment(): CliEnvironment {
+  return {
+    env: process.env,
+    home: os.homedir(),
+    cwd: process.cwd(),
+    stdin: process.stdin,
+    stdout: process.stdout,
+    stderr: process.stderr,
+    onInterrupt(listener) {
+      process.on("SIGINT", listener);
+      return () => {
+        process.off("SIGINT", listener);
+      };
+    },
+  };
+}
+
+// ---------------------------------------------------------------------------
+// 会话文件的位置
+// ---------------------------------------------------------------------------
+
+/** 工作目录 → 会话子目录名：去掉开头的分隔符，其余分隔符与冒号换成 -，两头各加 --（与真实 Pi 的目录名同形）。 */
+export function encodeCwd(cwd: string): string {
+  return `--${cwd.replace(/^[/\\]/, "").replace(/[/\\:]/g, "-")}--`;
+}
+
+export function sessionsDirectory(home: string, cwd: string): string {
+  return path.join(home, ".pi-course", "sessions", encodeCwd(cwd));
+}
+
+function newSessionFileName(now: Date, id: string): string {
+  return `${now.toISOString().replace(/[:.]/g, "-")}_${id}.jsonl`;
+}
+
+/** 目录里最新的会话文件（文件名以时间开头，按名字排序即按时间排序）；没有时 undefined。 */
+export async function latestSessionFile(directory: string): Promise<string | undefined> {
+  let names: string[];
+  try {
+    names = await readdir(directory);
+  } catch {
+    return undefined;
+  }
+  const sessions = names.filter((name) => name.endsWith(".jsonl")).sort();
+  const last = sessions[sessions.length - 1];
+  return last === undefined ? undefined : path.join(directory, last);
+}
+
+// ---------------------------------------------------------------------------
+// 一行错误
+// ---------------------------------------------------------------------------
+
+/** 把任何错误压成一行，再替换掉密钥；stderr 上只出现这一行。 */
+export function oneLine(message: string, secrets: readonly string[] = []): string {
+  const flat = redactSecrets(message, secrets.filter((secret) => secret !== "")).replace(/\s+/g, " ").trim();
+  return flat.length > 300 ? `${flat.slice(0, 300)}…` : flat;
+}
+
+/** 只替换密钥本身（JSON 行里用：第 05 章的 redactSecrets 还会改写像 token 字段的东西，会弄坏 JSON）。 */
+function withoutSecrets(value: string, secrets: readonly string[]): string {
+  let result = value;
+  for (const secret of secrets) if (secret !== "") result = result.split(secret).join("[redacted]");
+  return result;
+}
+
+function errorText(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
+}
+
+function lastAssistantError(messages: readonly AgentMessage[]): string {
+  for (let index = messages.length - 1; index >= 0; index -= 1) {
+    const message = messages[index]!;
+    if (message.role === "assistant") return message.errorMessage ?? "";
+  }
+  return "";
+}
+
+/** 模型失败的那一行：401/403 只说密钥被拒绝与该检查哪里，不复述服务器的回复。 */
+export function describeModelFailure(detail: string, keyHint: string): string {
+  const status = /HTTP (\d{3})/.exec(detail)?.[1];
+  if (status === "401" || status === "403") {
+    return `模型服务拒绝了这把密钥（HTTP ${status}）：检查 ${keyHint}。`;
+  }
+  if (status !== undefined) return `模型请求失败（HTTP ${status}）：${detail}`;
+  return `模型请求失败：${detail === "" ? "没有更多信息" : detail}`;
+}
+
+// ---------------------------------------------------------------------------
+// 信任、资源、MCP 与扩展的配置
+// ---------------------------------------------------------------------------
+
+async function readJson(file: string): Promise<unknown> {
+  let raw: string;
+  try {
+    raw = await readFile(file, "utf8");
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === "ENOENT") return undefined;
+    throw error;
+  }
+  try {
+    return JSON.parse(raw);
+  } catch (error) {
+    throw new Error(`${file} 不是合法的 JSON：${errorText(error)}`);
+  }
+}
+
+function isRecord(value: unknown): value is Record<string, unknown> {
+  return typeof value === "object" && value !== null && !Array.isArray(value);
+}
+
+/** <home>/.pi-course/trusted.json 的 folders 里列出的目录（按 realpath 比较）才算被信任。 */
+export async function isTrustedFolder(home: string, cwd: string): Promise<boolean> {
+  const value = await readJson(path.join(home, ".pi-course", "trusted.json"));
+  if (!isRecord(value) || !Array.isArray(value.folders)) return false;
+  const here = await realpath(cwd).catch(() => path.resolve(cwd));
+  for (const folder of value.folders) {
+    if (typeof folder !== "string") continue;
+    const listed = await realpath(folder).catch(() => path.resolve(folder));
+    if (listed === here) return true;
+  }
+  return false;
+}
+
+/** mcp.json：{ "servers": { "<名字>": { "command", "args"?, "env"? } } }。 */
+async function readMcpServers(file: string, cwd: string): Promise<McpServerConfig[]> {
+  const value = await readJson(file);
+  if (value === undefined) return [];
+  if (!isRecord(value) || !isRecord(value.servers)) throw new Error(`${file} 需要一个 servers 对象`);
+  const servers: McpServerConfig[] = [];
+  for (const [name, raw] of Object.entries(value.servers)) {
+    if (!isRecord(raw) || typeof raw.command !== "string") throw new Error(`${file}：服务器 ${name} 缺少 command`);
+    const args = Array.isArray(raw.args) ? raw.args.map(String) : [];
+    const env = isRecord(raw.env) ? Object.fromEntries(Object.entries(raw.env).map(([k, v]) => [k, String(v)])) : undefined;
+    const command = raw.command;
+    servers.push({
+      name,
+      exposure: "deferred",
+      createTransport: () => new StdioTransport({ command, args, cwd, ...(env === undefined ? {} : { env }) }),
+    });
+  }
+  return servers;
+}
+
+function mergeCatalogs(catalogs: readonly ResourceCatalog[]): ResourceCatalog {
+  const seen = new Set<string>();
+  const merged: ResourceCatalog = { resources: [], instructions: [], skills: [], templates: [] };
+  for (const catalog of catalogs) {
+    for (const resource of catalog.resources) {
+      const key = `${resource.kind}:${resource.name}`;
+      if (seen.has(key)) continue;
+      seen.add(key);
+      merged.resources.push(resource);
+      if (resource.kind === "instructions") merged.instructions.push(resource);
+      else if (resource.kind === "skill") merged.skills.push(resource);
+      else merged.templates.push(resource);
+    }
+  }
+  return merged;
+}
+
+/**
+ * 第 12 章的资源：工作目录的 AGENTS.md 总是读（它只是文字）；skills 来自 <home>/.pi-course/skills，
+ * 被信任的目录再加上 <cwd>/.pi-course/skills（项目的排在前面，同名时项目的获胜）。
+ */
+async function loadResources(home: string, cwd: string, trusted: boolean): Promise<ResourceCatalog> {
+  const agents = await discoverResources([cwd]);
+  const instructionsOnly: ResourceCatalog = {
+    resources: agents.instructions,
+    instructions: agents.instructions,
+    skills: [],
+    templates: [],
+  };
+  const roots = [...(trusted ? [path.join(cwd, ".pi-course")] : []), path.join(home, ".pi-course")];
+  return mergeCatalogs([instructionsOnly, await discoverResources(roots)]);
+}
+
+/** 一个 read 级别的 skill 工具：按名字激活第 12 章的 skill，把正文交给模型。 */
+function skillTool(catalog: ResourceCatalog): Tool<{ name: string }> {
+  return {
+    name: "skill",
+    description: `Load a skill's instructions by name. Available: ${catalog.skills.map((skill) => skill.name).join(", ")}`,
+    schema: objectSchema({ name: stringValue }),
+    permission: "read",
+    async execute(parameters) {
+      const skill = await activateSkill(catalog, parameters.name);
+      return { content: [text(skill.body)] };
+    },
+  };
+}
+
+// ---------------------------------------------------------------------------
+// 第 22 章：权限闸门包在执行器最外层
+// ---------------------------------------------------------------------------
+
+interface GateOptions {
+  tools: ToolRegistry;
+  policy: PermissionPolicy;
+  audit: () => AuditLog | undefined;
+  sessionId: () => string;
+  onDenied(call: { name: string }, decision: string): void;
+}
+
+function deniedResult(call: { id: string; name: string }): ToolResultMessage {
+  return {
+    role: "toolResult",
+    toolCallId: call.id,
+    toolName: call.name,
+    content: [text(PERMISSION_DENIED)],
+    isError: true,
+    timestamp: Date.now(),
+  };
+}
+
+/** 只有 wrapExecutor 的 host：先判定权限并写审计记录，放行的调用再交给扩展的 hook 与核心执行器。 */
+function permissionGate(inner: ExtensionHost | undefined, options: GateOptions): ExtensionHost {
+  let step = 0;
+  return {
+    wrapExecutor(core) {
+      const next = inner === undefined ? core : inner.wrapExecutor(core);
+      return async (call, context) => {
+        const tool = options.tools.get(call.name);
+        if (tool === undefined || !options.tools.canCall(call.name, "model")) return next(call, context);
+        const permission = permissionOf(tool);
+        const sessionId = options.sessionId();
+        const { allowed, decision } = await checkPermission(permission, call, options.policy, sessionId);
+        step += 1;
+        await options.audit()?.append({
+          kind: "permission",
+          taskId: sessionId,
+          at: Date.now(),
+          step,
+          tool: call.name,
+          callId: call.id,
+          permission,
+          decision,
+          allowed,
+          argsDigest: argsDigest(call.arguments),
+        });
+        if (!allowed) {
+          options.onDenied(call, decision);
+          return deniedResult(call);
+        }
+        return next(call, context);
+      };
+    },
+  };
+}
+
+// ---------------------------------------------------------------------------
+// 组装：一次调用只组装一次，会话可以换（/new）
+// ---------------------------------------------------------------------------
+
+export type Confirmer = (request: ConfirmRequest) => Promise<boolean>;
+
+export interface PiSession {
+  readonly runtime: Runtime;
+  readonly id: string;
+  /** --no-session 时 undefined。 */
+  readonly file: string | undefined;
+  close(): Promise<void>;
+}
+
+export interface Pi {
+  readonly options: CliOptions;
+  readonly cwd: string;
+  readonly spec: ModelSpec;
+  readonly tools: ToolRegistry;
+  /** new：新文件；continue：最近的那个（没有就新建）；给出路径：打开或新建那个文件。 */
+  openSession(which: "new" | "continue" | { file: string }): Promise<PiSession>;
+  /** 交互模式在这里换上自己的确认函数。 */
+  setConfirmer(confirm: Confirmer | undefined): void;
+  close(): Promise<void>;
+}
+
+export interface ComposeOptions {
+  options: CliOptions;
+  environment: CliEnvironment;
+  model: Model;
+  spec: ModelSpec;
+  secrets: readonly string[];
+  now?: () => Date;
+}
+
+const SYSTEM_PROMPT = (cwd: string): string =>
+  [
+    "You are pi-course, a coding agent working in a user's folder from the terminal.",
+    `Working directory: ${cwd}`,
+    "Use the tools to look before you change anything: read files, edit them with exact replacements, run commands with bash.",
+    "Keep answers short; say what you changed and how you checked it.",
+  ].join("\n");
+
+function contextBudget(spec: ModelSpec): ContextBudget {
+  const total = Math.max(1, Math.floor(spec.contextWindow));
+  const reservedOutput = Math.min(Math.max(0, Math.floor(spec.maxTokens)), Math.floor(total / 2));
+  return {
+    total,
+    reservedOutput,
+    safetyMargin: Math.floor(total * 0.05),
+    // 粗估：四个字符约一个 token。第 11 章的投影只需要一个单调的估计。
+    estimateTokens: (value) => Math.ceil((typeof value === "string" ? value : JSON.stringify(value)).length / 4),
+  };
+}
+
+export async function composePi(input: ComposeOptions): Promise<Pi> {
+  const { options, environment, model, spec } = input;
+  const cwd = path.resolve(environment.cwd, options.cwd ?? ".");
+  const home = environment.home;
+  const now = input.now ?? (() => new Date());
+  const trusted = await isTrustedFolder(home, cwd);
+  const notices: string[] = [];
+
+  // 工具：第 08 章的四个，按 --tools 过滤；read 是 read 级别，其余按 write 处理（要确认）。
+  const tools = new ToolRegistry();
+  const coding = createCodingTools({ cwd, containment: "workspace" });
+  const enabled = options.tools ?? [...CODING_TOOL_NAMES];
+  for (const tool of coding.list()) {
+    if (!enabled.includes(tool.name)) continue;
+    const permission: ToolPermission = tool.name === "read" ? "read" : "write";
+    tools.register({ ...tool, permission });
+  }
+
+  const catalog = await loadResources(home, cwd, trusted);
+  if (catalog.skills.length > 0) tools.register(skillTool(catalog));
+
+  // 第 17 章：用户级的 MCP 配置总是读；项目级的会启动进程，只在信任的目录读。
+  const servers = await readMcpServers(path.join(home, ".pi-course", "mcp.json"), cwd);
+  const projectMcp = path.join(cwd, ".pi-course", "mcp.json");
+  if (trusted) servers.push(...(await readMcpServers(projectMcp, cwd)));
+  else if ((await readJson(projectMcp).catch(() => undefined)) !== undefined) {
+    notices.push(`没有加载 ${projectMcp}：这个目录不在 ~/.pi-course/trusted.json 的 folders 里。`);
+  }
+  let mcp: McpRuntime | undefined;
+  if (servers.length > 0) {
+    tools.register({ ...createToolSearchTool(tools), permission: "read" });
+    mcp = createMcpRuntime(tools, { servers });
+  }
+
+  // 第 12 章：扩展是代码，信任闸门在 import 之前。
+  const extensionHost = createExtensionHost(tools, {
+    hookTimeoutMs: 5_000,
+    onDiagnostic: (diagnostic) => environment.stderr.write(`扩展 ${diagnostic.extensionId}：${diagnostic.message}\n`),
+  });
+  const extensionDir = path.join(cwd, ".pi-course", "extensions");
+  const extensionFiles = (await readdir(extensionDir).catch(() => [] as string[]))
+    .filter((name) => /\.m?js$/.test(name))
+    .sort();
+  for (const name of extensionFiles) {
+    const result = await loadExtension(
+      { id: name, path: path.join(extensionDir, name) },
+      {
+        host: extensionHost,
+        isTrusted: () => trusted,
+        importModule: (source) => import(pathToFileURL(source.path).href),
+      },
+    );
+    if (result.status === "skipped_untrusted") notices.push(`没有加载扩展 ${name}：这个目录不受信任。`);
+  }
+  for (const notice of notices) environment.stderr.write(`${notice}\n`);
+
+  // 第 22 章：-p 模式下只有 --yes 或 --tools 名单能放行写操作；交互模式换成询问。
+  let confirmer: Confirmer | undefined;
+  const printConfirm = (request: ConfirmRequest): boolean =>
+    options.yes || (options.tools !== undefined && options.tools.includes(request.call.name));
+  const policy: PermissionPolicy = {
+    confirm: (request) => (confirmer !== undefined ? confirmer(request) : printConfirm(request)),
+  };
+
+  let current: { id: string; audit: AuditLog | undefined } = { id: "", audit: undefined };
+  const gate = permissionGate(extensionHost, {
+    tools,
+    policy,
+    audit: () => current.audit,
+    sessionId: () => current.id,
+    onDenied: (call, decision) => {
+      if (confirmer === undefined) {
+        environment.stderr.write(`已拒绝 ${call.name}（${decision}）：-p 模式下写文件和运行命令需要 --yes，或用 --tools 列出它。\n`);
+      }
+    },
+  });
+
+  const sessionsDir = options.sessionDir !== undefined ? path.resolve(cwd, options.sessionDir) : sessionsDirectory(home, cwd);
+  const opened = new Set<PiSession>();
+
+  const openSession = async (which: "new" | "continue" | { file: string }): Promise<PiSession> => {
+    let store: SessionStore;
+    let file: string | undefined;
+    let id: string;
+    if (options.noSession) {
+      store = new InMemorySessionStore();
+      id = randomUUID();
+    } else {
+      if (which === "continue") file = await latestSessionFile(sessionsDir);
+      else if (which !== "new") file = path.resolve(cwd, which.file);
+      if (file === undefined) {
+        id = randomUUID();
+        file = path.join(sessionsDir, newSessionFileName(now(), id));
+      } else {
+        id = /_([^_]+)\.jsonl$/.exec(path.basename(file))?.[1] ?? path.basename(file, ".jsonl");
+      }
+      store = await JsonlSessionStore.open(file);
+    }
+    const entries = await store.entries();
+    let audit: AuditLog | undefined;
+    if (!options.noSession) {
+      const auditDir = path.join(home, ".pi-course", "audit");
+      await mkdir(auditDir, { recursive: true });
+      audit = await AuditLog.open(path.join(auditDir, `${id}.jsonl`));
+    }
+    current = { id, audit };
+    const runtime = await createRuntime(
+      {
+        activeLeafId: entries.length === 0 ? null : entries[entries.length - 1]!.id,
+        systemPrompt: SYSTEM_PROMPT(cwd),
+        context: contextBudget(spec),
+      },
+      {
+        model,
+        tools,
+        session: store,
+        resources: catalog,
+        extensionHost: gate,
+        ...(mcp === undefined ? {} : { sectionProviders: [mcp] }),
+        createId: () => randomUUID().slice(0, 8),
+        now: () => now().getTime(),
+      },
+    );
+    const session: PiSession = {
+      runtime,
+      id,
+      file,
+      close: async () => {
+        opened.delete(session);
+        await runtime.dispose().catch(() => undefined);
+        await audit?.close().catch(() => undefined);
+      },
+    };
+    opened.add(session);
+    return session;
+  };
+
+  return {
+    options,
+    cwd,
+    spec,
+    tools,
+    openSession,
+    setConfirmer(confirm) {
+      confirmer = confirm;
+    },
+    async close() {
+      for (const session of [...opened]) await session.close();
+      await mcp?.close().catch(() => undefined);
+    },
+  };
+}
+
+// ---------------------------------------------------------------------------
+// -p 与 --mode json
+// ---------------------------------------------------------------------------
+
+/** json 模式的一行：去掉每个增量事件里累积的 partial 快照，只留这一步的变化。 */
+export function eventLine(event: AgentEvent): string {
+  return JSON.stringify(event, (key, value: unknown) => (key === "partial" ? undefined : value));
+}
+
+export function exitCodeOf(result: AgentRunResult): number {
+  if (result.reason === "aborted") return 130;
+  if (result.reason === "error" || result.reason === "maxSteps") return 1;
+  return 0;
+}
+
+function write(stream: TerminalOutput, value: string): Promise<void> {
+  return new Promise((resolve, reject) => {
+    stream.write(value, (error?: Error | null) => (error ? reject(error) : resolve()));
+  });
+}
+
+/** 一次 -p 运行：事件（json）或最终文本（text），然后按结局给出退出码与 stderr 的那一行。 */
+async function runPrint(pi: Pi, environment: CliEnvironment, keyHint: string, secrets: readonly string[]): Promise<number> {
+  const session = await pi.openSession(pi.options.session !== undefined ? { file: pi.options.session } : pi.options.continue ? "continue" : "new");
+  const runtime = session.runtime;
+  let interrupts = 0;
+  const stopListening = environment.onInterrupt(() => {
+    interrupts += 1;
+    runtime.control.abort();
+  });
+  const unsubscribe =
+    pi.options.mode === "json"
+      ? runtime.control.subscribe((event) => {
+          // JSON.stringify 不会留下裸换行，所以一行就是一个事件；只替换密钥，不截断。
+          environment.stdout.write(`${withoutSecrets(eventLine(event), secrets)}\n`);
+        })
+      : () => undefined;
+  try {
+    const io = {
+      write: (value: string) =>
+        write(environment.stdout, pi.options.mode === "json" ? value : value === "" ? "" : `${value}\n`),
+    };
+    const result = await runMode(runtime, pi.options.mode === "json" ? "json" : "print", pi.options.prompt, io);
+    const code = interrupts > 0 ? 130 : exitCodeOf(result);
+    if (code === 130) {
+      environment.stderr.write(`已中断；会话已保存${session.file === undefined ? "" : `在 ${session.file}`}，用 --continue 接着问。\n`);
+    } else if (result.reason === "error") {
+      environment.stderr.write(`错误：${oneLine(describeModelFailure(oneLine(lastAssistantError(result.messages), secrets), keyHint), secrets)}\n`);
+    } else if (result.reason === "maxSteps") {
+      environment.stderr.write(`错误：达到了 ${result.steps} 次模型请求的上限，任务没有完成。\n`);
+    }
+    return code;
+  } finally {
+    unsubscribe();
+    stopListening();
+    await session.close();
+  }
+}
+
+// ---------------------------------------------------------------------------
+// 入口
+// ---------------------------------------------------------------------------
+
+export interface CliDeps {
+  /** 第 24.4 章的交互循环；测试或 pi.ts 注入，免得 main.ts 在 -p 时也加载终端代码。 */
+  interactive?: (pi: Pi, environment: CliEnvironment, initialPrompt: string) => Promise<number>;
+  fetch?: typeof fetch;
+}
+
+export async function runCli(argv: readonly string[], environment: CliEnvironment, deps: CliDeps = {}): Promise<number> {
+  let secrets: string[] = [];
+  // 启动期间（还没有 Runtime 可以中止）收到 Ctrl-C：直接以 130 结束。
+  let startupInterrupted = false;
+  const stopStartup = environment.onInterrupt(() => {
+    startupInterrupted = true;
+  });
+  let pi: Pi | undefined;
+  try {
+    const options = parseArgs(argv);
+    if (options.help) {
+      environment.stdout.write(`${USAGE}\n`);
+      return 0;
+    }
+    const cwd = path.resolve(environment.cwd, options.cwd ?? ".");
+    const config = await loadModelsConfig({ home: environment.home, cwd });
+    if (options.listModels) {
+      for (const line of listModels(config, { env: environment.env, home: environment.home })) {
+        environment.stdout.write(`${line}\n`);
+      }
+      return 0;
+    }
+    const spec = resolveModel(config, {
+      ...(options.provider === undefined ? {} : { provider: options.provider }),
+      ...(options.model === undefined ? {} : { model: options.model }),
+    });
+    const provider = config.providers[spec.provider];
+    if (provider === undefined) throw new Error(`没有名为 ${spec.provider} 的 provider`);
+    const key = resolveApiKey(provider, { env: environment.env, home: environment.home });
+    if (!key.ok) {
+      environment.stderr.write(`错误：${oneLine(key.message)}\n`);
+      return 1;
+    }
+    secrets = key.key === "" ? [] : [key.key];
+    const keyHint = provider.apiKeyEnv === null ? "本地服务器的配置" : `环境变量 ${provider.apiKeyEnv}（或 ~/.pi-course/keys/${spec.provider}）`;
+    const model = createModel(spec, key.key, deps.fetch === undefined ? {} : { fetch: deps.fetch });
+
+    const interactive =
+      !options.print &&
+      options.mode === "text" &&
+      environment.stdin.isTTY === true &&
+      environment.stdout.isTTY === true &&
+      deps.interactive !== undefined;
+    if (!interactive && options.prompt.trim() === "") {
+      throw new CliUsageError("没有提示词：用 -p \"…\" 给出一条，或在终端里直接运行进入交互模式");
+    }
+    pi = await composePi({ options, environment, model, spec, secrets });
+    if (startupInterrupted) return 130;
+    stopStartup();
+    if (interactive) return await deps.interactive!(pi, environment, options.prompt);
+    return await runPrint(pi, environment, keyHint, secrets);
+  } catch (error) {
+    environment.stderr.write(`错误：${oneLine(errorText(error), secrets)}\n`);
+    return 1;
+  } finally {
+    stopStartup();
+    await pi?.close().catch(() => undefined);
+  }
+}
