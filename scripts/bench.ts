@@ -1,4 +1,4 @@
-// npm run bench [-- --chapter NN] [--runs N] [--practice-runs N] [--saves N] [--no-verify] [--no-load] [--stream-only]
+// npm run bench [-- --chapter NN] [--runs N] [--practice-runs N] [--saves N] [--no-verify] [--no-load] [--no-parity] [--parity-only] [--stream-only]
 // Measures what a learner waits for, as wall time of the whole command: the lab loop (edit a teaching file → run
 // `lab N.1` → verdict), the warm loop (`lab N.1 --watch` running; save a teaching file → the verdict line),
 // creating a practice folder (without npm install), `npm run verify` over all checkpoints, and chapter 23's load test
@@ -9,6 +9,8 @@
 // --stream-only stops after that part. Then scripts/bench-orchestration.ts: chapters 21/23's task queue (625 / 2,500 /
 // 10,000 tasks through TaskRuntime.submit and TaskScheduler) and chapter 23's digest() at 4x steps of input. Then
 // scripts/bench-cli.ts: chapter 24's command line, start → first model request and one scripted task end to end.
+// Last (unless --no-parity; --parity-only runs just this part): the four parity tasks of test/real-pi-parity.test.ts through our CLI and the real Pi, one
+// run each, wall time as a ratio and peak memory (scripts/model/real-pi-parity.ts; installs the pinned real Pi if needed).
 import { type ChildProcess, spawn } from "node:child_process";
 import os from "node:os";
 import path from "node:path";
@@ -21,8 +23,9 @@ import { PACKAGE_DIR, ROOT, inTree } from "./model/paths.js";
 import { compiledTest } from "./model/tests.js";
 import { linkNodeModules, makeTempDir } from "./model/trees.js";
 import { atExit, removeOnExit } from "./model/cleanup.js";
+import { benchParity } from "./model/real-pi-parity.js";
 
-const USAGE = "用法：npm run bench [-- --chapter NN] [--runs N] [--practice-runs N] [--saves N] [--no-verify] [--no-load] [--stream-only]";
+const USAGE = "用法：npm run bench [-- --chapter NN] [--runs N] [--practice-runs N] [--saves N] [--no-verify] [--no-load] [--no-parity] [--parity-only] [--stream-only]";
 /** Seconds. verify: 5 min for the course's 24 checkpoints. */
 const TARGETS = { lab: 0.8, watch: 0.2, practice: 1, verify: 300, load: 30 };
 const VERIFY_TARGET_CHAPTERS = 24;
@@ -133,10 +136,21 @@ async function watchLoop(folder: string, teaching: string, lab: string, saves: n
   return result;
 }
 
+/** ⑤ (or --parity-only): the parity tasks through our CLI and the real Pi; true when ours was slower on some task. */
+async function printParity(): Promise<boolean> {
+  console.log("\n⑤ 与真实 Pi 对照：四个对照任务各跑一次（启动时间计入），本课程的 CLI 与真实 Pi 依次运行…");
+  const parity = await benchParity((line) => console.log(`   ${line}`));
+  console.log(`\n${table(parity.rows)}`);
+  if (parity.slower.length > 0) console.log(`比真实 Pi 慢的任务：${parity.slower.join("、")}（目标：每个任务都不比真实 Pi 慢）。`);
+  return parity.slower.length > 0;
+}
+
 await main(async (args) => {
   const withVerify = !takeFlag(args, "--no-verify");
   const withLoad = !takeFlag(args, "--no-load");
+  const withParity = !takeFlag(args, "--no-parity");
   const streamOnly = takeFlag(args, "--stream-only");
+  const parityOnly = takeFlag(args, "--parity-only");
   const chapterArg = takeOption(args, "--chapter") ?? "13";
   const runs = positive(takeOption(args, "--runs"), "--runs", 5, 5);
   const practiceRuns = positive(takeOption(args, "--practice-runs"), "--practice-runs", 3, 3);
@@ -151,6 +165,11 @@ await main(async (args) => {
   const npm = process.platform === "win32" ? "npm.cmd" : "npm";
   const node = process.execPath;
   const launcher = path.join(ROOT, "scripts", "launch.js");
+
+  if (parityOnly) {
+    await printParity();
+    return 0;
+  }
 
   // ⓪ The teaching code's streaming cost (it runs through tsx, so it measures today's sources).
   const stream = await timed(node, [launcher, "bench-stream"], ROOT);
@@ -318,9 +337,11 @@ await main(async (args) => {
     ];
     console.log("\n时间花在哪里（lab 循环，node scripts/launch.js 直接运行）：\n");
     console.log(table(breakdown));
+    // ⑤ The parity tasks (scripts/model/real-pi-parity.ts) through our CLI and the real Pi: one run each, start-up included.
+    const parityMissed = withParity ? await printParity() : false;
     const missed = [...Object.values(labTimes).map((values) => median(values) > TARGETS.lab), median(watch.seconds) > TARGETS.watch,
       median(practiceNpm) > TARGETS.practice, median(practiceDirect) > TARGETS.practice, verifySeconds > verifyTarget,
-      loadSeconds > TARGETS.load].some(Boolean);
+      loadSeconds > TARGETS.load, parityMissed].some(Boolean);
     console.log(`\n结束时负载 ${os.loadavg().map((l) => l.toFixed(1)).join(" / ")}（${os.cpus().length} 核）。`);
     console.log(missed
       ? "\n有目标没有达到：看上面的分解找出最大的一段（机器负载高时所有数字都会偏大，负载见开头）。"

@@ -5,7 +5,7 @@
 // runs a compiled copy instead: tsc compiles scripts/ once into node_modules/.cache/pi-course-harness/<key>/, where
 // <key> is a hash of the sources, so an edited script gets a fresh copy on its next start and a stale copy is never
 // run. If nothing can be compiled (no tsc yet, a broken script), the TypeScript runs through tsx as before.
-// PI_COURSE_TSX=1 always takes the tsx path, and so do bench-context, bench-stream, bench-orchestration and bench-cli (they measure the teaching code itself).
+// PI_COURSE_TSX=1 always takes the tsx path, and so do bench-context, bench-stream, bench-orchestration and bench-cli (they measure the teaching code itself) and compare-pi (it runs it).
 import { spawn, spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import fs from "node:fs";
@@ -18,7 +18,7 @@ const [command, ...args] = process.argv.slice(2);
 
 if (!command || !/^[a-z][a-z-]*$/.test(command) || !fs.existsSync(path.join(scriptsDir, `${command}.ts`))) {
   // A practice folder's copy of scripts/ leaves the author tools out (see scripts/model/practice-tree.ts).
-  if (/^(bench|mutate)/.test(command ?? "") && fs.existsSync(path.join(root, "pi-practice.json"))) {
+  if (/^(bench|mutate|compare-pi)/.test(command ?? "") && fs.existsSync(path.join(root, "pi-practice.json"))) {
     console.error(`${command} 是课程作者用的命令，只在课程仓库里有；练习目录里用 npm run lab -w @pi/course -- <章.lab>。`);
     process.exit(2);
   }
@@ -91,7 +91,7 @@ function compile(cache, target) {
 }
 
 /** Commands that import the teaching sources: a compiled copy would measure yesterday's code (see tsconfig.json). */
-const FROM_SOURCE = new Set(["bench-context", "bench-stream", "bench-orchestration", "bench-cli"]);
+const FROM_SOURCE = new Set(["bench-context", "bench-stream", "bench-orchestration", "bench-cli", "compare-pi"]);
 
 function compiledEntry() {
   if (process.env.PI_COURSE_TSX === "1" || FROM_SOURCE.has(command)) return undefined;

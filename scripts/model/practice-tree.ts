@@ -15,8 +15,8 @@ import { type Materialised, materialiseAll } from "./starter-files.js";
 
 /** Harness files a practice folder needs so that `npm run lab` works there. */
 const HARNESS = ["scripts", "package-lock.json"];
-/** Author-only commands (benchmarks, mutation testing, saving starters) and their model files stay in the course checkout. */
-const AUTHOR_ONLY_SCRIPTS = /^(bench|mutate|starter\.ts$)/;
+/** Author-only commands (benchmarks, mutation testing, saving starters, the real-Pi comparison) and their model files stay in the course checkout. */
+const AUTHOR_ONLY_SCRIPTS = /^(bench|mutate|starter\.ts$|compare-pi|real-pi)/;
 
 export function practiceManifest(c: Checkpoint, info: HistoryInfo): PracticeManifest {
   const ids = info.chapters.get(c.id)!;
