@@ -121,6 +121,14 @@ async function gate(): Promise<{ url: string; next(): Promise<{ path: string; re
   };
 }
 
+/** Rejects when `signal` aborts (the test's own time limit). */
+function abortOf(signal: AbortSignal): Promise<never> {
+  return new Promise((_, reject) => {
+    if (signal.aborted) reject(new Error("测试超时"));
+    signal.addEventListener("abort", () => reject(new Error("测试超时")), { once: true });
+  });
+}
+
 /** A guard the test expires by hand; counts its refreshes and tells each one as it happens. */
 function manualGuard() {
   const events = new EventEmitter();
@@ -129,18 +137,23 @@ function manualGuard() {
     state.expire = expire;
     return { refresh: () => { state.refreshes += 1; events.emit("refresh"); }, clear: () => { state.cleared = true; } };
   };
-  /** Resolves once the guard was refreshed more than `count` times, or fails when the run ended first. */
-  const refreshedBeyond = (count: number, run: Promise<unknown>): Promise<void> => new Promise((resolve, reject) => {
-    const check = (): void => { if (state.refreshes > count) { events.off("refresh", check); resolve(); } };
+  /** Resolves once the guard was refreshed more than `count` times; fails when the run ended first or `signal` aborted. */
+  const refreshedBeyond = (count: number, run: Promise<unknown>, signal: AbortSignal): Promise<void> => new Promise((resolve, reject) => {
+    const stop = (): void => { events.off("refresh", check); signal.removeEventListener("abort", aborted); };
+    const check = (): void => { if (state.refreshes > count) { stop(); resolve(); } };
+    const aborted = (): void => { stop(); reject(new Error(`守卫只被刷新了 ${state.refreshes} 次，没有等到第 ${count + 1} 次`)); };
     events.on("refresh", check);
+    signal.addEventListener("abort", aborted);
     check();
-    void run.then(() => { events.off("refresh", check); if (state.refreshes <= count) reject(new Error(`测试进程结束了，守卫只被刷新 ${state.refreshes} 次`)); });
+    if (signal.aborted) aborted();
+    void run.then(() => { if (state.refreshes <= count) { stop(); reject(new Error(`测试进程结束了，守卫只被刷新 ${state.refreshes} 次`)); } });
   });
   return { guard, state, refreshedBeyond };
 }
 
-test("测试进程的卡住守卫：每跑完一个测试就重新计时（从最后一个跑完的测试算起，不从开始算）；到期时结束进程并写明超时；跑完后守卫被收起", { timeout: 60_000 }, async () => {
-  // The time limit only turns a broken guard (never refreshed, so the wait below never ends) into a failure.
+test("测试进程的卡住守卫：每跑完一个测试就重新计时（从最后一个跑完的测试算起，不从开始算）；到期时结束进程并写明超时；跑完后守卫被收起", { timeout: 60_000 }, async (t) => {
+  // The time limit only turns a broken guard (never refreshed, so a wait below never ends) into a failure: its abort
+  // ends the waits, and closing the gate then fails the child's held tests, so the file does not hang either.
   const server = await gate();
   try {
     await withFiles({
@@ -154,12 +167,12 @@ test("测试进程的卡住守卫：每跑完一个测试就重新计时（从�
       const slow = manualGuard();
       const slowRun = runTests(dir, ["slow.test.mjs"], { timeout: 1_500, guard: slow.guard });
       for (let i = 1; i <= 6; i++) {
-        const held = await Promise.race([server.next(), slowRun.then((o) => { throw new Error(`测试进程提前结束：${JSON.stringify(o)}`); })]);
+        const held = await Promise.race([server.next(), slowRun.then((o) => { throw new Error(`测试进程提前结束：${JSON.stringify(o)}`); }), abortOf(t.signal)]);
         assert.equal(held.path, `/slow/${i}`);
         const before = slow.state.refreshes;
         // Test i has not finished: nothing refreshed the guard since test i - 1 did.
         held.release();
-        await slow.refreshedBeyond(before, slowRun);
+        await slow.refreshedBeyond(before, slowRun, t.signal);
       }
       assert.deepEqual((await slowRun).map((o) => o.passed), [true, true, true, true, true, true]);
       assert.ok(slow.state.refreshes >= 6);
@@ -168,9 +181,9 @@ test("测试进程的卡住守卫：每跑完一个测试就重新计时（从�
       // The guard expires while the second test hangs: the process is killed, the first result is kept.
       const hang = manualGuard();
       const hangRun = runTests(dir, ["hang.test.mjs"], { timeout: 1_500, guard: hang.guard });
-      const held = await Promise.race([server.next(), hangRun.then((o) => { throw new Error(`测试进程提前结束：${JSON.stringify(o)}`); })]);
+      const held = await Promise.race([server.next(), hangRun.then((o) => { throw new Error(`测试进程提前结束：${JSON.stringify(o)}`); }), abortOf(t.signal)]);
       assert.equal(held.path, "/hang");
-      await hang.refreshedBeyond(0, hangRun); // the first test's result arrived
+      await hang.refreshedBeyond(0, hangRun, t.signal); // the first test's result arrived
       hang.state.expire!();
       const outcomes = await hangRun;
       assert.deepEqual(outcomes.map((o) => [o.name, o.passed]), [["Lab 1.1 · 先过", true], ["hang.test.mjs", false]]);
