@@ -15,13 +15,14 @@ import path from "node:path";
 import { run } from "node:test";
 import { spec, tap } from "node:test/reporters";
 import fs from "node:fs";
+import { pathToFileURL } from "node:url";
 import { REPO as ROOT } from "./harness-helpers.js";
 
 /**
  * The files that take longest, longest first (wall time of each file run alone on the course's 2-core machine).
  * A file missing here simply starts after these, in name order.
  */
-const LONG_FIRST = [
+export const LONG_FIRST = [
   "test/verify.test.ts",
   "test/site-browser.test.ts",
   "test/harness-starters.test.ts",
@@ -43,7 +44,7 @@ const LONG_FIRST = [
   "packages/pi-course/dist/test/08-coding-tools.test.js",
 ];
 
-function testFiles(): string[] {
+export function testFiles(): string[] {
   const list = (dir: string, suffix: string): string[] =>
     fs.readdirSync(path.join(ROOT, dir)).filter((name) => name.endsWith(suffix)).sort().map((name) => `${dir}/${name}`);
   return [...list("test", ".test.ts"), ...list("packages/pi-course/dist/test", ".test.js")];
@@ -57,20 +58,26 @@ export function ordered(files: string[]): string[] {
   return files.map((file, index) => ({ file, index })).sort((a, b) => rank(a.file) - rank(b.file) || a.index - b.index).map((x) => x.file);
 }
 
-const args = process.argv.slice(2);
-let concurrency = 2;
-const at = args.indexOf("--concurrency");
-if (at >= 0) {
-  concurrency = Number(args[at + 1]);
-  if (!Number.isInteger(concurrency) || concurrency < 1) {
-    console.error(`--concurrency 需要正整数：${args[at + 1]}`);
-    process.exit(2);
-  }
-  args.splice(at, 2);
+/** Runs `files` (repository-relative or absolute) `concurrency` at a time under node's runner; sets the exit code. */
+export function runAll(files: string[], concurrency: number): void {
+  const stream = run({ files: files.map((file) => path.resolve(ROOT, file)), concurrency });
+  // As `node --test` does: any failure (a test, a hook, a file that cannot load) makes the run fail.
+  stream.on("test:fail", () => { process.exitCode = 1; });
+  // node --test's own choice of reporter: spec on a terminal, TAP otherwise.
+  stream.compose(process.stdout.isTTY ? new spec() : tap).pipe(process.stdout);
 }
-const files = ordered(args.length > 0 ? args : testFiles()).map((file) => path.resolve(ROOT, file));
-const stream = run({ files, concurrency });
-// As `node --test` does: any failure (a test, a hook, a file that cannot load) makes the run fail.
-stream.on("test:fail", () => { process.exitCode = 1; });
-// node --test's own choice of reporter: spec on a terminal, TAP otherwise.
-stream.compose(process.stdout.isTTY ? new spec() : tap).pipe(process.stdout);
+
+if (process.argv[1] !== undefined && pathToFileURL(path.resolve(process.argv[1])).href === import.meta.url) {
+  const args = process.argv.slice(2);
+  let concurrency = 2;
+  const at = args.indexOf("--concurrency");
+  if (at >= 0) {
+    concurrency = Number(args[at + 1]);
+    if (!Number.isInteger(concurrency) || concurrency < 1) {
+      console.error(`--concurrency 需要正整数：${args[at + 1]}`);
+      process.exit(2);
+    }
+    args.splice(at, 2);
+  }
+  runAll(ordered(args.length > 0 ? args : testFiles()), concurrency);
+}
