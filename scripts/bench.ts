@@ -1,8 +1,9 @@
-// npm run bench [-- --chapter NN] [--runs N] [--practice-runs N] [--saves N] [--no-verify] [--no-load] [--no-parity] [--parity-only] [--stream-only]
+// npm run bench [-- --chapter NN] [--runs N] [--practice-runs N] [--saves N] [--no-verify] [--no-load] [--no-parity] [--parity-only] [--npm-test] [--stream-only]
 // Measures what a learner waits for, as wall time of the whole command: the lab loop (edit a teaching file → run
 // `lab N.1` → verdict), the warm loop (`lab N.1 --watch` running; save a teaching file → the verdict line),
 // creating a practice folder (without npm install), `npm run verify` over all checkpoints, and chapter 23's load test
-// (500 tasks through the scheduler; the test prints its own wall time, which is the figure compared with the target).
+// (500 tasks through the scheduler; the test prints its own wall time, which is the figure compared with the target);
+// with --npm-test also the whole `npm test` (build, type check, every test file; about five minutes), as one wall time.
 // Commands are timed through npm as the learner types them and as `node scripts/launch.js …` (npm's own start-up
 // apart). Prints the medians against the targets and a breakdown of where the lab loop's time goes. Not a test.
 // First of all it runs scripts/bench-stream.ts (chapter 05's streaming assembly, 1/2/4 MB of deltas, time per MB);
@@ -25,9 +26,9 @@ import { linkNodeModules, makeTempDir } from "./model/trees.js";
 import { atExit, removeOnExit } from "./model/cleanup.js";
 import { benchParity } from "./model/real-pi-parity.js";
 
-const USAGE = "用法：npm run bench [-- --chapter NN] [--runs N] [--practice-runs N] [--saves N] [--no-verify] [--no-load] [--no-parity] [--parity-only] [--stream-only]";
-/** Seconds. verify: 5 min for the course's 24 checkpoints. */
-const TARGETS = { lab: 0.8, watch: 0.2, practice: 1, verify: 300, load: 30 };
+const USAGE = "用法：npm run bench [-- --chapter NN] [--runs N] [--practice-runs N] [--saves N] [--no-verify] [--no-load] [--no-parity] [--parity-only] [--npm-test] [--stream-only]";
+/** Seconds. verify: 5 min for the course's 24 checkpoints; npm test: 5 min on a 2-core machine. */
+const TARGETS = { lab: 0.8, watch: 0.2, practice: 1, verify: 300, load: 30, npmTest: 300 };
 const VERIFY_TARGET_CHAPTERS = 24;
 
 interface Timed { seconds: number; code: number | null; stdout: string; stderr: string }
@@ -149,6 +150,7 @@ await main(async (args) => {
   const withVerify = !takeFlag(args, "--no-verify");
   const withLoad = !takeFlag(args, "--no-load");
   const withParity = !takeFlag(args, "--no-parity");
+  const withNpmTest = takeFlag(args, "--npm-test");
   const streamOnly = takeFlag(args, "--stream-only");
   const parityOnly = takeFlag(args, "--parity-only");
   const chapterArg = takeOption(args, "--chapter") ?? "13";
@@ -294,6 +296,19 @@ await main(async (args) => {
       loadNote = result.code === 0 ? `${seconds(loadSeconds)}（整个进程 ${seconds(result.seconds)}${memory ? `；${memory}` : ""}）` : `测试失败（退出码 ${result.code}）`;
     }
 
+    // ⑥ The whole npm test once (only with --npm-test): node's summary gives the number of tests and any failure.
+    let npmTestSeconds = Number.NaN;
+    let npmTestNote = "未测（加 --npm-test）";
+    if (withNpmTest) {
+      console.log("⑥ npm test（构建、类型检查、全部测试文件，约五分钟）…");
+      const loadBefore = os.loadavg()[0]!;
+      const result = await timed(npm, ["test"], ROOT);
+      npmTestSeconds = result.seconds;
+      const count = (name: string): string | undefined => new RegExp(`^(?:#|ℹ) ${name} (\\d+)$`, "m").exec(result.stdout)?.[1];
+      npmTestNote = `${seconds(result.seconds)}（${count("tests") ?? "?"} 个测试，失败 ${count("fail") ?? "?"}；开始时负载 ${loadBefore.toFixed(1)}）` +
+        (result.code === 0 ? "" : `（退出码 ${result.code}）`);
+    }
+
     const verifyTarget = (TARGETS.verify * checkpoints.length) / VERIFY_TARGET_CHAPTERS;
     const met = (value: number, target: number): string => (Number.isNaN(value) ? "—" : value <= target ? "是" : "否");
     const row = (label: string, values: number[], target: number): string[] =>
@@ -311,6 +326,7 @@ await main(async (args) => {
         `≤ ${seconds(verifyTarget)}（${VERIFY_TARGET_CHAPTERS} 章 ${TARGETS.verify / 60} min 折算）`,
         withVerify && verifyCode !== 0 ? `${met(verifySeconds, verifyTarget)}（verify 本身未通过）` : met(verifySeconds, verifyTarget)],
       ["负载测试：500 个任务、并发上限 50（test/task-load.test.ts 自报的墙钟时间）", loadNote, `≤ ${TARGETS.load} s`, met(loadSeconds, TARGETS.load)],
+      ["npm test（构建、类型检查、全部测试文件）", npmTestNote, `≤ ${TARGETS.npmTest / 60} min`, met(npmTestSeconds, TARGETS.npmTest)],
     ];
     console.log(`\n结果（lab 循环 ${runs} 次、lab --watch ${saves} 次保存、创建练习目录 ${practiceRuns} 次的中位数，墙钟时间）：\n`);
     console.log(table(rows));
@@ -341,7 +357,7 @@ await main(async (args) => {
     const parityMissed = withParity ? await printParity() : false;
     const missed = [...Object.values(labTimes).map((values) => median(values) > TARGETS.lab), median(watch.seconds) > TARGETS.watch,
       median(practiceNpm) > TARGETS.practice, median(practiceDirect) > TARGETS.practice, verifySeconds > verifyTarget,
-      loadSeconds > TARGETS.load, parityMissed].some(Boolean);
+      loadSeconds > TARGETS.load, parityMissed, npmTestSeconds > TARGETS.npmTest].some(Boolean);
     console.log(`\n结束时负载 ${os.loadavg().map((l) => l.toFixed(1)).join(" / ")}（${os.cpus().length} 核）。`);
     console.log(missed
       ? "\n有目标没有达到：看上面的分解找出最大的一段（机器负载高时所有数字都会偏大，负载见开头）。"

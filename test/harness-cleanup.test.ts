@@ -31,10 +31,30 @@ function tempOf(pid: number): string[] {
   return fs.readdirSync(os.tmpdir()).filter((name) => name.startsWith("pi-course-") && (name.includes(`-pid${pid}-`) || name.startsWith(`pi-course-${pid}-`)));
 }
 
+const MARK = "PI_COURSE_CLEANUP_TEST_RUN";
+let runs = 0;
+
+/** Pids of live processes whose environment carries `MARK=mark` (Linux: /proc; a zombie has no environment left). */
+function marked(mark: string): number[] {
+  const wanted = `${MARK}=${mark}\0`;
+  const found: number[] = [];
+  for (const name of fs.readdirSync("/proc")) {
+    if (!/^\d+$/.test(name)) continue;
+    try {
+      if (`${fs.readFileSync(`/proc/${name}/environ`, "latin1")}\0`.includes(wanted)) found.push(Number(name));
+    } catch {
+      // gone meanwhile, or not ours to read
+    }
+  }
+  return found;
+}
+
 /** Starts a harness command from source and waits until its temp folder holds `inside`. */
 async function started(command: string, args: string[], prefix: string, inside: string) {
+  // Every process the command starts inherits this mark, so the test can tell when the last of them is gone.
+  const mark = `${process.pid}-${++runs}`;
   const child = spawn(process.execPath, ["--import", "tsx", path.join(REPO, "scripts", `${command}.ts`), ...args], {
-    cwd: at(REPO, PACKAGE), stdio: ["ignore", "pipe", "pipe"], env: learnerEnv({ INIT_CWD: REPO }),
+    cwd: at(REPO, PACKAGE), stdio: ["ignore", "pipe", "pipe"], env: learnerEnv({ INIT_CWD: REPO, [MARK]: mark }),
   });
   const done = collect(child, 180_000);
   const pid = child.pid!;
@@ -48,7 +68,7 @@ async function started(command: string, args: string[], prefix: string, inside: 
     await done.catch(() => undefined);
     throw error;
   }
-  return { pid, done, kill: (signal: NodeJS.Signals) => process.kill(pid, signal) };
+  return { pid, mark, done, kill: (signal: NodeJS.Signals) => process.kill(pid, signal) };
 }
 
 const interrupted: Array<[string, string[], string, string]> = [
@@ -60,12 +80,15 @@ for (const [command, args, prefix, inside] of interrupted) {
   for (const signal of ["SIGINT", "SIGTERM", "SIGHUP"] as const) {
     test(`${command} 在临时目录里工作时收到 ${signal}（只发给它自己）：退出码非 0，临时目录与 .tar 都不留下`, async () => {
       const run = await started(command, args, prefix, inside);
+      if (fs.existsSync("/proc")) assert.ok(marked(run.mark).includes(run.pid), "应能从 /proc 认出命令自己的进程");
       run.kill(signal);
       const result = await run.done;
       assert.notEqual(result.code, 0, result.stdout);
       assert.deepEqual(tempOf(run.pid), []);
-      // Its compiler or test processes were stopped too: nothing recreates the folder afterwards.
-      await new Promise((resolve) => setTimeout(resolve, 1500));
+      // Its compiler or test processes were stopped too: once the last process it started is gone, nothing can
+      // recreate the folder. (Without /proc there is no way to see them: then give them a moment instead.)
+      if (fs.existsSync("/proc")) await waitFor(`${command} 启动的进程全部结束`, () => (marked(run.mark).length === 0 ? true : undefined), 30_000);
+      else await new Promise((resolve) => setTimeout(resolve, 1500));
       assert.deepEqual(tempOf(run.pid), []);
     });
   }

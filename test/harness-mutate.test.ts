@@ -10,11 +10,12 @@ import { ensureHistory } from "../scripts/model/history.js";
 import { AUTHOR_ONLY_DEPENDENCIES, learnerPackageJson } from "../scripts/model/author-deps.js";
 import { type LockFile, fitLockfile } from "../scripts/model/lockfile.js";
 import {
-  type MutantResult, type MutationTarget, NO_TSCONFIG, RUNNER, allTargets, formatFileScore, formatSummaryTable,
-  mutationKey, mutationTargets, runnerSource, scoreFile, strykerOptions,
+  type FileScore, type MutantResult, type MutationRun, type MutationTarget, type Report, type Summary, NO_TSCONFIG, RUNNER,
+  SUMMARY_NAME, allTargets, formatFileScore, formatSummaryTable, mutationKey, mutationTargets, runMutation, runnerSource,
+  scoreFile, strykerOptions,
 } from "../scripts/model/mutate.js";
 import { findTsc } from "../scripts/model/tests.js";
-import { PACKAGE, REPO, course, realChapter, run, tempDir } from "./harness-helpers.js";
+import { PACKAGE, REPO, course, freshDir, realChapter, run, tempDir } from "./harness-helpers.js";
 
 const checkpoints = loadCheckpoints();
 let scratch: string;
@@ -104,6 +105,103 @@ test("得分与存活行：杀死 + 超时 除以有效变异体，存活的写�
   assert.match(table, /^src\/f\.ts\s+5\s+2\s+2\s+50\.0 %\s+40\.0 %\s+本次运行$/m);
   assert.match(table, /^src\/g\.ts\s+5\s+2\s+2\s+50\.0 %\s+—\s+沿用 \.mutation\/04\.json（2026-12-01 18:00）$/m);
   assert.match(table, /^src\/h\.ts\s+—\s+—\s+—\s+—\s+—\s+未测：没有输入相同的结果$/m);
+});
+
+test("mutate 的结果不会丢：再次运行沿用结果时报告仍存着完整的得分，第三次 --cached 照样找到；没有 .mutation/ 时各章提交的摘要给出每个文件的得分与最早记录", async () => {
+  // The measuring step is replaced by a fake that counts its calls: nothing here runs Stryker.
+  const dir = await freshDir(scratch, "keep");
+  const c01 = byId("01");
+  const targets = mutationTargets(checkpoints, c01);
+  assert.ok(targets.length >= 1);
+  let measured = 0;
+  let bump = 0;
+  const fake = async (target: MutationTarget): Promise<FileScore> => {
+    measured += 1;
+    const i = targets.indexOf(target);
+    return {
+      file: target.file, chapters: target.chapters, mutants: 40 + i, killed: 30 + bump, timedOut: 2, survived: 6 + i - bump, noCoverage: 2, errors: 1,
+      score: (100 * (32 + bump)) / (40 + i), survivors: [{ line: 3, column: 5, mutator: "M", original: "a > b", replacement: "true" }],
+    };
+  };
+  let out: string[] = [];
+  const options: MutationRun = {
+    checkpoints, targets, name: "01", command: "mutate 01", root: REPO, reportDir: path.join(dir, ".mutation"),
+    checkpointsDir: path.join(dir, "checkpoints"), measure: fake, log: (line) => { out.push(line); },
+  };
+  const reportFile = path.join(dir, ".mutation", "01.json");
+  const summaryFile = path.join(dir, "checkpoints", c01.folder, SUMMARY_NAME);
+  const figures = (s: FileScore) => [s.file, s.mutants, s.killed, s.timedOut, s.survived, s.noCoverage, s.errors, s.score, s.inputs, s.at];
+
+  const firstRun = await runMutation(options);
+  assert.equal(measured, targets.length);
+  const measuredScores = ((await fs.readJson(reportFile)) as Report).files;
+  assert.equal(measuredScores.length, targets.length);
+  for (const s of measuredScores) {
+    assert.equal(s.inputs, mutationKey(REPO, targets.find((t) => t.file === s.file)!));
+    assert.match(s.at ?? "", /^\d{4}-\d\d-\d\dT/);
+  }
+  assert.deepEqual(firstRun.map((e) => (typeof e === "string" ? e : figures(e))), measuredScores.map(figures));
+
+  // A second run without --fresh takes every score over and runs nothing; the report it rewrites still holds them all.
+  const again = await runMutation(options);
+  assert.equal(measured, targets.length, "输入没变，不该再测");
+  const rewritten = ((await fs.readJson(reportFile)) as Report).files;
+  assert.deepEqual(rewritten.map(figures), measuredScores.map(figures));
+  assert.deepEqual(rewritten.map((s) => s.survivors), measuredScores.map((s) => s.survivors));
+  assert.ok(again.every((e) => typeof e !== "string" && e.reusedFrom?.startsWith(".mutation/01.json（")), JSON.stringify(again));
+
+  // The third, --cached, finds every score.
+  out = [];
+  const cached = await runMutation({ ...options, cached: true });
+  assert.deepEqual(cached.map((e) => (typeof e === "string" ? e : figures(e))), measuredScores.map(figures));
+  assert.ok(out.some((line) => line.includes("每个文件都有输入相同的结果")), out.join("\n"));
+
+  // The chapter's summary: one entry per file, the figures of the report.
+  const summary = (await fs.readJson(summaryFile)) as Summary;
+  assert.deepEqual(Object.keys(summary.files).sort(), targets.map((t) => t.file).sort());
+  for (const s of measuredScores) {
+    const e = summary.files[s.file]!;
+    assert.deepEqual([e.key, e.mutants, e.killed, e.timedOut, e.survived, e.noCoverage, e.errors, e.score, e.date],
+      [s.inputs, s.mutants, s.killed, s.timedOut, s.survived, s.noCoverage, s.errors, s.score, s.at]);
+  }
+
+  // A fresh clone has no .mutation/: --cached prints every file's score from the summaries.
+  await fs.remove(path.join(dir, ".mutation"));
+  out = [];
+  const fromSummary = await runMutation({ ...options, cached: true });
+  assert.deepEqual(fromSummary.map((e) => (typeof e === "string" ? e : figures(e))), measuredScores.map(figures));
+  const table = out.join("\n");
+  for (const s of measuredScores) {
+    const row = table.split("\n").find((line) => line.startsWith(`${s.file.slice(PACKAGE.length + 1)} `));
+    assert.ok(row?.includes(`${s.score.toFixed(1)} %`) && row.includes(`沿用 checkpoints/${c01.folder}/${SUMMARY_NAME}`), table);
+  }
+  assert.equal(fs.existsSync(reportFile), false, "--cached 不写报告");
+
+  // A later measurement with other figures replaces the entry, and the summary keeps the first score it saw.
+  bump = 1;
+  await runMutation({ ...options, fresh: true });
+  assert.equal(measured, 2 * targets.length);
+  const later = (await fs.readJson(summaryFile)) as Summary;
+  for (const s of measuredScores) {
+    assert.equal(later.files[s.file]!.killed, s.killed + 1);
+    assert.deepEqual(later.files[s.file]!.first, { score: s.score, date: s.at });
+  }
+
+  // Inputs that changed since (here: another key in the summary) are not taken over.
+  await fs.remove(path.join(dir, ".mutation"));
+  const stale: Summary = { files: Object.fromEntries(Object.entries(later.files).map(([file, e]) => [file, { ...e, key: "0".repeat(32) }])) };
+  await fs.writeJson(summaryFile, stale);
+  const missing = await runMutation({ ...options, cached: true });
+  assert.deepEqual(missing, targets.map((t) => t.file));
+
+  // A report written by the earlier version of the tool, whose reused entries carried only a `reusedFrom`, still counts.
+  await fs.remove(summaryFile);
+  await fs.outputJson(path.join(dir, ".mutation", "01.json"), {
+    createdAt: "2026-12-01T18:00:00.000Z", command: "mutate 01",
+    files: measuredScores.map((s) => ({ ...s, at: undefined, reusedFrom: ".mutation/01.json（2026-11-30 10:00）" })),
+  });
+  const old = await runMutation({ ...options, cached: true });
+  assert.ok(old.every((e) => typeof e !== "string"), JSON.stringify(old));
 });
 
 test("练习目录不带作者依赖：package.json 与 package-lock.json 里没有 Stryker，也没有只有它需要的包；其余的包原样保留", async () => {

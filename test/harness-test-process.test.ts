@@ -3,10 +3,13 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import path from "node:path";
+import { EventEmitter } from "node:events";
+import http from "node:http";
+import type { AddressInfo } from "node:net";
 import fs from "fs-extra";
 import { makeTempDir } from "../scripts/model/trees.js";
 import { runTests } from "../scripts/model/tests.js";
-import { startTestProcess } from "../scripts/model/test-process.js";
+import { type HangGuard, startTestProcess } from "../scripts/model/test-process.js";
 
 async function withFiles(files: Record<string, string>, body: (dir: string) => Promise<void>): Promise<void> {
   const dir = await makeTempDir("test-process");
@@ -57,7 +60,7 @@ test("测试进程：先启动、后开跑；取消时不运行任何测试", as
   });
 });
 
-test("测试进程：加载失败、中途退出（哪怕退出码是 0）、卡住，各自变成一条写明原因的失败；没有测试的文件不算失败，慢而不停地出结果的文件也不算卡住", async () => {
+test("测试进程：加载失败、中途退出（哪怕退出码是 0）、卡住，各自变成一条写明原因的失败；没有测试的文件不算失败", async () => {
   await withFiles({
     "load.test.mjs": `import "./missing.mjs";`,
     "exit.test.mjs": `import { test } from "node:test";\ntest("Lab 1.1 · 退出", () => { process.exit(3); });`,
@@ -68,9 +71,6 @@ test("测试进程：加载失败、中途退出（哪怕退出码是 0）、卡
       `test("Lab 1.1 · 不会运行", () => {});`,
     "empty.test.mjs": `import { test } from "node:test";`,
     "hang.test.mjs": `import { test } from "node:test";\ntest("Lab 1.1 · 卡住", () => new Promise(() => { setInterval(() => {}, 1000); }));`,
-    // Six tests of 0.5 s each: 3 s in all, longer than the 1.5 s guard, but a test finishes every half second.
-    "slow.test.mjs": `import { test } from "node:test";\n` +
-      `for (let i = 1; i <= 6; i++) test(\`Lab 1.1 · 慢 \${i}\`, () => new Promise((resolve) => { setTimeout(resolve, 500); }));`,
   }, async (dir) => {
     const [load] = await runTests(dir, ["load.test.mjs"]);
     assert.equal(load!.passed, false);
@@ -89,12 +89,109 @@ test("测试进程：加载失败、中途退出（哪怕退出码是 0）、卡
     // A file without tests is not a crash: it simply has no outcomes (the lab then says nothing matched).
     assert.deepEqual(await runTests(dir, ["empty.test.mjs"]), []);
 
+    // The default guard is a real timer: a test that never ends is killed once it runs out.
     const [hang] = await runTests(dir, ["hang.test.mjs"], { timeout: 1_500 });
     assert.equal(hang!.passed, false);
     assert.match(hang!.error, /测试超时：2 秒里没有一个测试跑完/);
-
-    // The guard counts from the last finished test, not from the start: a long file that keeps finishing tests is no hang.
-    const slow = await runTests(dir, ["slow.test.mjs"], { timeout: 1_500 });
-    assert.deepEqual(slow.map((o) => o.passed), [true, true, true, true, true, true]);
   });
 });
+
+/**
+ * A loopback server the child's tests ask for permission to finish: each request is held until the test lets it go,
+ * so the test (not a clock) decides when a child test ends.
+ */
+async function gate(): Promise<{ url: string; next(): Promise<{ path: string; release(): void }>; close(): Promise<void> }> {
+  const waiting: Array<{ path: string; release(): void }> = [];
+  const wanted: Array<(held: { path: string; release(): void }) => void> = [];
+  const server = http.createServer((request, response) => {
+    const held = { path: request.url ?? "", release: () => { response.end("ok"); } };
+    const taker = wanted.shift();
+    if (taker) taker(held);
+    else waiting.push(held);
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const { port } = server.address() as AddressInfo;
+  return {
+    url: `http://127.0.0.1:${port}`,
+    next: () => {
+      const held = waiting.shift();
+      return held ? Promise.resolve(held) : new Promise((resolve) => { wanted.push(resolve); });
+    },
+    close: () => { server.closeAllConnections(); return new Promise((resolve) => { server.close(() => resolve()); }); },
+  };
+}
+
+/** Rejects when `signal` aborts (the test's own time limit). */
+function abortOf(signal: AbortSignal): Promise<never> {
+  return new Promise((_, reject) => {
+    if (signal.aborted) reject(new Error("测试超时"));
+    signal.addEventListener("abort", () => reject(new Error("测试超时")), { once: true });
+  });
+}
+
+/** A guard the test expires by hand; counts its refreshes and tells each one as it happens. */
+function manualGuard() {
+  const events = new EventEmitter();
+  const state = { refreshes: 0, cleared: false, expire: undefined as (() => void) | undefined };
+  const guard = (expire: () => void): HangGuard => {
+    state.expire = expire;
+    return { refresh: () => { state.refreshes += 1; events.emit("refresh"); }, clear: () => { state.cleared = true; } };
+  };
+  /** Resolves once the guard was refreshed more than `count` times; fails when the run ended first or `signal` aborted. */
+  const refreshedBeyond = (count: number, run: Promise<unknown>, signal: AbortSignal): Promise<void> => new Promise((resolve, reject) => {
+    const stop = (): void => { events.off("refresh", check); signal.removeEventListener("abort", aborted); };
+    const check = (): void => { if (state.refreshes > count) { stop(); resolve(); } };
+    const aborted = (): void => { stop(); reject(new Error(`守卫只被刷新了 ${state.refreshes} 次，没有等到第 ${count + 1} 次`)); };
+    events.on("refresh", check);
+    signal.addEventListener("abort", aborted);
+    check();
+    if (signal.aborted) aborted();
+    void run.then(() => { if (state.refreshes <= count) { stop(); reject(new Error(`测试进程结束了，守卫只被刷新 ${state.refreshes} 次`)); } });
+  });
+  return { guard, state, refreshedBeyond };
+}
+
+test("测试进程的卡住守卫：每跑完一个测试就重新计时（从最后一个跑完的测试算起，不从开始算）；到期时结束进程并写明超时；跑完后守卫被收起", { timeout: 60_000 }, async (t) => {
+  // The time limit only turns a broken guard (never refreshed, so a wait below never ends) into a failure: its abort
+  // ends the waits, and closing the gate then fails the child's held tests, so the file does not hang either.
+  const server = await gate();
+  try {
+    await withFiles({
+      // Six tests, each of which ends only when this test answers its request.
+      "slow.test.mjs": `import { test } from "node:test";\n` +
+        `for (let i = 1; i <= 6; i++) test(\`Lab 1.1 · 慢 \${i}\`, async () => { await (await fetch(${JSON.stringify(server.url)} + "/slow/" + i)).text(); });`,
+      "hang.test.mjs": `import { test } from "node:test";\n` +
+        `test("Lab 1.1 · 先过", () => {});\n` +
+        `test("Lab 1.1 · 卡住", async () => { await fetch(${JSON.stringify(server.url)} + "/hang"); await new Promise(() => { setInterval(() => {}, 1000); }); });`,
+    }, async (dir) => {
+      const slow = manualGuard();
+      const slowRun = runTests(dir, ["slow.test.mjs"], { timeout: 1_500, guard: slow.guard });
+      for (let i = 1; i <= 6; i++) {
+        const held = await Promise.race([server.next(), slowRun.then((o) => { throw new Error(`测试进程提前结束：${JSON.stringify(o)}`); }), abortOf(t.signal)]);
+        assert.equal(held.path, `/slow/${i}`);
+        const before = slow.state.refreshes;
+        // Test i has not finished: nothing refreshed the guard since test i - 1 did.
+        held.release();
+        await slow.refreshedBeyond(before, slowRun, t.signal);
+      }
+      assert.deepEqual((await slowRun).map((o) => o.passed), [true, true, true, true, true, true]);
+      assert.ok(slow.state.refreshes >= 6);
+      assert.equal(slow.state.cleared, true, "跑完之后守卫应被收起");
+
+      // The guard expires while the second test hangs: the process is killed, the first result is kept.
+      const hang = manualGuard();
+      const hangRun = runTests(dir, ["hang.test.mjs"], { timeout: 1_500, guard: hang.guard });
+      const held = await Promise.race([server.next(), hangRun.then((o) => { throw new Error(`测试进程提前结束：${JSON.stringify(o)}`); }), abortOf(t.signal)]);
+      assert.equal(held.path, "/hang");
+      await hang.refreshedBeyond(0, hangRun, t.signal); // the first test's result arrived
+      hang.state.expire!();
+      const outcomes = await hangRun;
+      assert.deepEqual(outcomes.map((o) => [o.name, o.passed]), [["Lab 1.1 · 先过", true], ["hang.test.mjs", false]]);
+      assert.match(outcomes[1]!.error, /测试超时：2 秒里没有一个测试跑完/);
+      assert.equal(hang.state.cleared, true);
+    });
+  } finally {
+    await server.close();
+  }
+});
+

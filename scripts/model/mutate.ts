@@ -161,6 +161,8 @@ export interface FileScore {
   reusedFrom?: string;
   /** The file's first recorded score, carried from report to report (a report file is overwritten by its next run). */
   first?: { score: number; at: string };
+  /** When this score was measured (a reused score keeps the date of the run that measured it). */
+  at?: string;
 }
 
 /** Bump when a change to this tool can change a score, so that earlier results are no longer taken over. */
@@ -300,4 +302,191 @@ export async function mutateOne(dir: string, target: MutationTarget, reportBase:
   }
   const source = await fs.readFile(inTree(dir, target.file), "utf8");
   return scoreFile(target, results.filter((r) => path.resolve(dir, r.fileName) === path.resolve(dir, target.file)), source);
+}
+
+/** A report in `.mutation/`: one per command (`NN.json`, `NN-<file>.json`, `all.json`), rewritten by its next run. */
+export interface Report { createdAt: string; command: string; files: FileScore[] }
+
+/** A score some earlier run recorded: where (a report or a chapter's summary), when it was measured, and the score. */
+export interface Earlier { report: string; at: string; score: FileScore }
+
+/**
+ * The committed summary next to a chapter's mutants.md: for every file the chapter introduces, the figures of its
+ * latest recorded score, so that every figure in mutants.md can be checked from a clone (`.mutation/` is not committed).
+ */
+export const SUMMARY_NAME = "mutation-summary.json";
+export interface SummaryEntry {
+  /** mutationKey() of the run: `--cached` takes the entry over only while the inputs are still the same. */
+  key: string;
+  mutants: number; killed: number; timedOut: number; survived: number; noCoverage: number; errors: number;
+  score: number;
+  /** When the score was measured (ISO time). */
+  date: string;
+  /** The file's first recorded score. */
+  first?: { score: number; date: string };
+}
+export interface Summary { files: Record<string, SummaryEntry> }
+
+/** The chapter folder whose summary holds `file`: the chapter that introduces it (the first that teaches it). */
+function summaryFolder(checkpoints: Checkpoint[], score: FileScore): string | undefined {
+  const owner = checkpoints.find((c) => c.id === score.chapters[0]) ?? checkpoints.find((c) => c.teachingFiles.includes(score.file));
+  return owner?.folder;
+}
+
+/**
+ * Every score earlier runs recorded, oldest first: each entry of each report in `reportDir` (a reused entry is a full
+ * copy of the score it took over, so it counts as well: a report that reused everything still holds every score), and
+ * each entry of the chapters' summaries under `checkpointsDir`. Of two records measured at the same time a report
+ * comes last, so it is preferred (it lists the survivors; a summary does not).
+ */
+export async function earlierScores(reportDir: string, checkpoints: Checkpoint[], checkpointsDir: string): Promise<Earlier[]> {
+  const found: Earlier[] = [];
+  for (const c of checkpoints) {
+    const file = path.join(checkpointsDir, c.folder, SUMMARY_NAME);
+    if (!fs.existsSync(file)) continue;
+    const summary = (await fs.readJson(file)) as Summary;
+    for (const [name, e] of Object.entries(summary.files ?? {})) {
+      const chapters = checkpoints.filter((other) => other.teachingFiles.includes(name) || other.fixtures.includes(name)).map((other) => other.id);
+      found.push({
+        report: `checkpoints/${c.folder}/${SUMMARY_NAME}`, at: e.date,
+        score: {
+          file: name, chapters, mutants: e.mutants, killed: e.killed, timedOut: e.timedOut, survived: e.survived,
+          noCoverage: e.noCoverage, errors: e.errors, score: e.score, survivors: [], inputs: e.key, at: e.date,
+          ...(e.first ? { first: { score: e.first.score, at: e.first.date } } : {}),
+        },
+      });
+    }
+  }
+  if (fs.existsSync(reportDir)) {
+    for (const name of (await fs.readdir(reportDir)).filter((n) => n.endsWith(".json") && !n.endsWith(".stryker.json"))) {
+      let report: Report;
+      try {
+        report = (await fs.readJson(path.join(reportDir, name))) as Report;
+      } catch {
+        continue; // not one of our reports
+      }
+      if (!Array.isArray(report.files)) continue;
+      for (const score of report.files) found.push({ report: `${path.basename(reportDir)}/${name}`, at: score.at ?? report.createdAt, score });
+    }
+  }
+  // A stable sort: summaries were pushed first, so on equal times a report wins the `.at(-1)` below.
+  return found.sort((a, b) => (a.at < b.at ? -1 : a.at > b.at ? 1 : 0));
+}
+
+/** Writes each score into its chapter's summary (other files' entries stay); a summary that would not change is not rewritten. */
+export async function writeSummaries(scores: FileScore[], checkpoints: Checkpoint[], checkpointsDir: string): Promise<string[]> {
+  const byFolder = new Map<string, FileScore[]>();
+  for (const s of scores) {
+    const folder = summaryFolder(checkpoints, s);
+    if (folder === undefined || s.inputs === undefined) continue;
+    byFolder.set(folder, [...(byFolder.get(folder) ?? []), s]);
+  }
+  const written: string[] = [];
+  for (const [folder, list] of byFolder) {
+    const file = path.join(checkpointsDir, folder, SUMMARY_NAME);
+    const summary: Summary = fs.existsSync(file) ? ((await fs.readJson(file)) as Summary) : { files: {} };
+    for (const s of list) {
+      summary.files[s.file] = {
+        key: s.inputs!, mutants: s.mutants, killed: s.killed, timedOut: s.timedOut, survived: s.survived, noCoverage: s.noCoverage,
+        errors: s.errors, score: s.score, date: s.at ?? new Date().toISOString(),
+        ...(s.first ? { first: { score: s.first.score, date: s.first.at } } : {}),
+      };
+    }
+    const sorted: Summary = { files: Object.fromEntries(Object.entries(summary.files).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))) };
+    const text = `${JSON.stringify(sorted, null, 2)}\n`;
+    if (fs.existsSync(file) && (await fs.readFile(file, "utf8")) === text) continue;
+    await fs.outputFile(file, text);
+    written.push(file);
+  }
+  return written;
+}
+
+export interface MutationRun {
+  checkpoints: Checkpoint[];
+  targets: MutationTarget[];
+  /** The report's base name: `NN`, `NN-<file>` or `all`. */
+  name: string;
+  command: string;
+  fresh?: boolean;
+  cached?: boolean;
+  /** The checkout whose compiled tests the keys read (built already). */
+  root: string;
+  /** `.mutation/` of the checkout. */
+  reportDir: string;
+  /** `checkpoints/` of the checkout: where the summaries live. */
+  checkpointsDir: string;
+  /** Measures one target (Stryker); `base` is the report path without extension. */
+  measure: (target: MutationTarget, base: string) => Promise<FileScore>;
+  log?: (line: string) => void;
+}
+
+/**
+ * The body of `npm run mutate`: every target either takes over an earlier score with the same inputs (never with
+ * --fresh), is listed as missing (--cached), or is measured. Then the closing table; a run that is not --cached writes
+ * its report, and every run writes the scores it has into the chapters' summaries. Returns the table's rows.
+ */
+export async function runMutation(run: MutationRun): Promise<Array<FileScore | string>> {
+  const log = run.log ?? ((line: string) => console.log(line));
+  await fs.ensureDir(run.reportDir);
+  const earlier = await earlierScores(run.reportDir, run.checkpoints, run.checkpointsDir);
+  const where = path.basename(run.reportDir);
+  // Each file's first recorded score: the oldest `first` any record carries, or the oldest score itself.
+  const firstOf = new Map<string, { score: number; at: string }>();
+  const latest = new Map<string, number>();
+  for (const e of earlier) {
+    const candidate = e.score.first ?? { score: e.score.score, at: e.at };
+    const known = firstOf.get(e.score.file);
+    if (!known || candidate.at < known.at) firstOf.set(e.score.file, candidate);
+    latest.set(e.score.file, e.score.score);
+  }
+  const first = new Map([...firstOf].map(([file, f]) => [file, f.score]));
+  const hashes = new Map<string, string>();
+  const started = Date.now();
+  const entries: Array<FileScore | string> = []; // the table's rows, in the order of the targets
+  for (const target of run.targets) {
+    const short = target.file.slice(PACKAGE_DIR.length + 1);
+    const inputs = mutationKey(run.root, target, hashes);
+    const same = run.fresh ? undefined : earlier.filter((e) => e.score.file === target.file && e.score.inputs === inputs).at(-1);
+    const firstKnown = firstOf.has(target.file) ? { first: firstOf.get(target.file)! } : {};
+    if (same) {
+      // A full copy of the score, with the date it was measured: the report this run writes still holds it.
+      const score: FileScore = {
+        ...same.score, ...firstKnown, chapters: target.chapters, at: same.at,
+        reusedFrom: `${same.report}（${same.at.slice(0, 16).replace("T", " ")}）`,
+      };
+      log(`\n${short}：输入与 ${score.reusedFrom} 相同，沿用它的结果（--fresh 重新运行）`);
+      log(formatFileScore(score));
+      if (score.survivors.length === 0 && score.survived + score.noCoverage > 0) log(`  （摘要里只有数字；存活的变异体清单在 ${where}/ 的报告里，--fresh 重新运行可以得到）`);
+      entries.push(score);
+      continue;
+    }
+    if (run.cached) {
+      entries.push(target.file);
+      continue;
+    }
+    log(`\n变异 ${short}，用第 ${target.chapters.join("、")} 章的聚焦测试判定…`);
+    const measured = await run.measure(target, path.join(run.reportDir, path.posix.basename(target.file, ".ts")));
+    const score: FileScore = { ...measured, inputs, at: new Date().toISOString(), ...firstKnown };
+    entries.push(score);
+    log(formatFileScore(score));
+    const previous = latest.get(target.file);
+    if (previous !== undefined) log(`  （上次 ${percent(previous)}）`);
+  }
+  const scores = entries.filter((e): e is FileScore => typeof e !== "string");
+  const missing = entries.length - scores.length;
+  log(`\n${formatSummaryTable(entries, first)}`);
+  if (run.cached) {
+    log(missing === 0
+      ? `\n每个文件都有输入相同的结果（${where}/ 里的报告或各章的 ${SUMMARY_NAME}）。`
+      : `\n${missing} 个文件没有输入相同的结果；去掉 --cached 运行它们。`);
+  } else {
+    const report: Report = { createdAt: new Date().toISOString(), command: run.command, files: scores };
+    const reportFile = path.join(run.reportDir, `${run.name}.json`);
+    await fs.writeFile(reportFile, `${JSON.stringify(report, null, 2)}\n`);
+    log(`\n用时 ${((Date.now() - started) / 1000).toFixed(0)} s。报告：${where}/${path.basename(reportFile)}（得分与存活的变异体），` +
+      `每个文件的 Stryker HTML 报告在 ${where}/ 下。存活的变异体若与原代码等价，在 checkpoints/NN-*/mutants.md 里写一行理由。`);
+  }
+  const written = await writeSummaries(scores, run.checkpoints, run.checkpointsDir);
+  if (written.length > 0) log(`各章的得分摘要（提交它们）：${written.map((f) => path.relative(path.dirname(run.checkpointsDir), f)).join("、")}`);
+  return entries;
 }

@@ -85,6 +85,21 @@ export interface TestProcessOptions {
    * file with many tests (chapter 16's sandboxes under load) is not a hang; one test that never ends is.
    */
   timeout?: number;
+  /**
+   * Keeps the hang guard: called with the function that ends the hung process, it returns how to restart the count
+   * (on every finished test) and how to stop it. The default is a timer of `timeout` ms; a test passes its own to
+   * decide when the guard expires instead of waiting for a clock.
+   */
+  guard?: (expire: () => void) => HangGuard;
+}
+
+export interface HangGuard { refresh(): void; clear(): void }
+
+function timerGuard(timeout: number): (expire: () => void) => HangGuard {
+  return (expire) => {
+    const timer = setTimeout(expire, timeout);
+    return { refresh: () => { timer.refresh(); }, clear: () => { clearTimeout(timer); } };
+  };
 }
 
 export interface TestProcess {
@@ -157,10 +172,11 @@ export function startTestProcess(cwd: string, absoluteFile: string, relativeFile
       child.stdin.end(`${pathToFileURL(absoluteFile).href}\n`);
       const timeout = options.timeout ?? 60_000;
       let timedOut = false;
-      const timer = setTimeout(() => { timedOut = true; child.kill("SIGKILL"); }, timeout);
-      progressed = () => { timer.refresh(); };
+      const guard = (options.guard ?? timerGuard(timeout))(() => { timedOut = true; child.kill("SIGKILL"); });
+      progressed = () => { guard.refresh(); };
       const exit = await Promise.race([exited, allReported.then(() => undefined)]);
-      clearTimeout(timer);
+      guard.clear();
+      progressed = () => {};
       collect();
       if (exit === undefined) return outcomes;
       const failure = (error: string): void => { outcomes.push({ name: relativeFile, file: relativeFile, passed: false, error }); };

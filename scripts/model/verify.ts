@@ -178,7 +178,40 @@ export function labSplits(labIds: string[], starters: Map<string, string>): Arra
  * test file whose inputs did not change is not run again, see test-reuse.ts); by default only the target's runs
  * serve the practice tree of the same checkpoint.
  */
-export async function verifyCheckpoint(c: Checkpoint, info: HistoryInfo, work: string, reuse = new TestReuse()): Promise<CheckpointVerdict> {
+/**
+ * Compiler output to start a build from. A fresh tree costs tsc a full build (about 2 s of CPU here); with the
+ * `dist/` (and its .tsbuildinfo) of a tree at the same depth below `work` copied in, tsc's incremental build compares
+ * file contents and recompiles only what differs — on disk the result is what a full build writes, save the outputs of
+ * sources this tree does not have, which pruneOutputs() removes. (The build info names node_modules by a path relative
+ * to dist/, so a seed only helps a tree at the same depth: every `work/<id>-target` and `work/<id>-practice` is.)
+ */
+async function seedBuild(from: string | undefined, tree: string): Promise<void> {
+  if (from === undefined || !fs.existsSync(from)) return;
+  await fs.copy(from, inTree(tree, `${PACKAGE_DIR}/dist`));
+}
+
+/** Removes outputs in dist/ whose source (`x.ts` for `x.js`, `x.d.ts`, `x.js.map`) is not in the tree. */
+export async function pruneOutputs(tree: string): Promise<string[]> {
+  const pkg = inTree(tree, PACKAGE_DIR);
+  const dist = path.join(pkg, "dist");
+  const removed: string[] = [];
+  const walk = async (dir: string): Promise<void> => {
+    for (const entry of await fs.readdir(dir, { withFileTypes: true })) {
+      const full = path.join(dir, entry.name);
+      if (entry.isDirectory()) { await walk(full); continue; }
+      const base = /^(.*)\.(?:js\.map|d\.ts|js)$/.exec(path.relative(dist, full));
+      if (!base) continue;
+      if (!fs.existsSync(path.join(pkg, `${base[1]}.ts`))) { await fs.remove(full); removed.push(full); }
+    }
+  };
+  if (fs.existsSync(dist)) await walk(dist);
+  return removed;
+}
+
+/** Where a verify lane keeps the last target's build output between checkpoints (see seedBuild). */
+export interface BuildSeed { dir: string }
+
+export async function verifyCheckpoint(c: Checkpoint, info: HistoryInfo, work: string, reuse = new TestReuse(), seed?: BuildSeed): Promise<CheckpointVerdict> {
   const started = Date.now();
   const findings: Finding[] = [];
   const notes: string[] = [];
@@ -231,10 +264,16 @@ export async function verifyCheckpoint(c: Checkpoint, info: HistoryInfo, work: s
   const target = path.join(work, `${c.id}-target`);
   await materialize(info.dir, ids.target, target);
   await linkNodeModules(target);
+  await seedBuild(seed?.dir, target);
   const targetBuild = await buildPackage(target);
+  await pruneOutputs(target);
   let targetGreen = false;
   if (!targetBuild.ok) fail("目标", `target 构建失败：\n${firstLines(targetBuild.output, 12)}`);
   else {
+    if (seed) {
+      await fs.remove(seed.dir);
+      await fs.copy(inTree(target, `${PACKAGE_DIR}/dist`), seed.dir);
+    }
     const { outcomes, reused } = await reuse.runTests(target, compiledTests(target));
     for (const o of outcomes.filter((x) => !x.passed)) fail("目标", `${o.file} · ${o.name} 失败：${firstLines(o.error)}`);
     const focused = outcomes.filter((o) => o.file === focusedFile);
@@ -285,7 +324,10 @@ export async function verifyCheckpoint(c: Checkpoint, info: HistoryInfo, work: s
     }
   }
   await linkNodeModules(practice);
+  // The practice tree is the target with the chapter's own files swapped for starters: start from the target's build.
+  if (targetBuild.ok) await seedBuild(inTree(target, `${PACKAGE_DIR}/dist`), practice);
   const practiceBuild = await buildPackage(practice);
+  await pruneOutputs(practice);
   if (!practiceBuild.ok) fail("练习", `练习目录构建失败（脚手架必须能在 parent 上编译）：\n${firstLines(practiceBuild.output, 12)}`);
   else {
     const { outcomes, reused } = await reuse.runTests(practice, compiledTests(practice));
@@ -381,13 +423,16 @@ export function verifyAll(checkpoints: Checkpoint[], info: HistoryInfo, work: st
   const settle: Array<(verdict: CheckpointVerdict) => void> = [];
   const verdicts = checkpoints.map((_, index) => new Promise<CheckpointVerdict>((resolve) => { settle[index] = resolve; }));
   let next = 0;
+  let lanesStarted = 0;
   const lane = async (): Promise<void> => {
+    // Each lane hands its last target's build to its next checkpoint (checkpoints in a lane run one after another).
+    const seed: BuildSeed = { dir: path.join(work, `.build-seed-${lanesStarted++}`) };
     while (next < checkpoints.length) {
       const index = next++;
       const c = checkpoints[index]!;
       const started = Date.now();
       try {
-        settle[index]!(await verifyCheckpoint(c, info, work, reuse));
+        settle[index]!(await verifyCheckpoint(c, info, work, reuse, seed));
       } catch (error) {
         const message = error instanceof Error ? error.stack ?? error.message : String(error);
         settle[index]!({ id: c.id, findings: [{ area: "检查", message: `检查中途出错：${message}` }], notes: [], ms: Date.now() - started });
