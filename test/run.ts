@@ -26,6 +26,9 @@ export const LONG_FIRST = [
   "test/verify.test.ts",
   "test/site-browser.test.ts",
   "test/harness-starters.test.ts",
+  // The real Pi parity test installs the pinned real Pi on a fresh clone (~20–40 s) before its four tasks.
+  "test/real-pi-parity.test.ts",
+  "packages/pi-course/dist/test/24-your-pi.test.js",
   // Chapter 21's file spends about 30 s waiting for a tool timer of a task it abandons on purpose (a simulated crash).
   "packages/pi-course/dist/test/21-task-runtime.test.js",
   "test/harness-learner-loop.test.ts",
