@@ -50,7 +50,7 @@ test("工作区的 bin 只在快照的 package.json 声明它时留在 lockfile 
   );
 });
 
-test("npm run pi 在敲命令的目录里工作：项目级的 models.json 从 INIT_CWD 读，而不是从 packages/pi-course", (t) => {
+test("npm run pi 在敲命令的目录里工作：项目级的 models.json 从 INIT_CWD 读（目录受信任时），而不是从 packages/pi-course", (t) => {
   const base = fs.mkdtempSync(path.join(os.tmpdir(), "pi-course-pi-cwd-"));
   t.after(() => fs.rmSync(base, { recursive: true, force: true }));
   const home = path.join(base, "home");
@@ -62,9 +62,17 @@ test("npm run pi 在敲命令的目录里工作：项目级的 models.json 从 I
   }));
   const env: NodeJS.ProcessEnv = { ...process.env, HOME: home, INIT_CWD: caller };
   delete env.NODE_TEST_CONTEXT;
-  const result = spawnSync(process.execPath, [path.join(ROOT, "scripts", "launch.js"), "pi", "--list-models"], {
+  const listModels = () => spawnSync(process.execPath, [path.join(ROOT, "scripts", "launch.js"), "pi", "--list-models"], {
     cwd: path.join(ROOT, "packages", "pi-course"), env, encoding: "utf8",
   });
+  // 项目级的 models.json 只在受信任的目录里读；不受信任时 stderr 说一行，指明的正是 INIT_CWD 那个目录里的文件。
+  const untrusted = listModels();
+  assert.equal(untrusted.status, 0, untrusted.stderr);
+  assert.doesNotMatch(untrusted.stdout, /here-only/);
+  assert.ok(untrusted.stderr.includes(path.join(caller, ".pi-course", "models.json")), untrusted.stderr);
+  fs.mkdirSync(path.join(home, ".pi-course"), { recursive: true });
+  fs.writeFileSync(path.join(home, ".pi-course", "trusted.json"), JSON.stringify({ folders: [caller] }));
+  const result = listModels();
   assert.equal(result.status, 0, result.stderr);
   assert.match(result.stdout, /here-only\/m {2}openai-completions/);
 });

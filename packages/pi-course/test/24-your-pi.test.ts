@@ -381,7 +381,7 @@ async function writeKey(home: string, provider: string, key: string, mode: numbe
   return file;
 }
 
-test("Lab 24.2 · 预置与覆盖：九家预置各有线格式、地址、窗口与输出上限；用户级 models.json 改写预置，项目级再改写；坏文件是一行指明文件的中文错误", async (t) => {
+test("Lab 24.2 · 预置与覆盖：九家预置各有线格式、地址、窗口与输出上限；用户级 models.json 改写预置，项目级只在受信任时再改写；坏文件是一行指明文件的中文错误", async (t) => {
   assert.deepEqual(Object.keys(PROVIDER_PRESETS).sort(), ["anthropic", "deepseek", "glm", "kimi", "lmstudio", "ollama", "openai", "qwen", "vllm"]);
   for (const [name, provider] of Object.entries(PROVIDER_PRESETS)) {
     assert.equal(provider.name, name);
@@ -406,8 +406,9 @@ test("Lab 24.2 · 预置与覆盖：九家预置各有线格式、地址、窗�
 
   const { home, cwd } = await tempHome(t);
   const presetsBefore = structuredClone(PROVIDER_PRESETS);
-  const bare = loadModelsConfig({ home, cwd });
+  const bare = loadModelsConfig({ home, cwd, trustProject: true });
   assert.deepEqual(bare.sources, []);
+  assert.deepEqual(bare.skipped, []);
   assert.deepEqual(bare.providers, presetsBefore, "没有 models.json 时就是预置表");
   bare.providers.openai!.models[0]!.contextWindow = 1;
   bare.providers.openai!.baseUrl = "http://127.0.0.1:1/v1";
@@ -420,7 +421,7 @@ test("Lab 24.2 · 预置与覆盖：九家预置各有线格式、地址、窗�
     },
     default: { provider: "deepseek", model: "deepseek-chat" },
   });
-  const userLevel = loadModelsConfig({ home, cwd });
+  const userLevel = loadModelsConfig({ home, cwd, trustProject: true });
   assert.deepEqual(userLevel.sources, [path.join(home, ".pi-course", "models.json")]);
   assert.deepEqual(resolveModel(userLevel, {}), {
     provider: "deepseek", id: "deepseek-chat", api: "openai-completions", baseUrl: PROVIDER_PRESETS.deepseek!.baseUrl, contextWindow: 64_000, maxTokens: 4_096,
@@ -434,7 +435,15 @@ test("Lab 24.2 · 预置与覆盖：九家预置各有线格式、地址、窗�
     providers: { 公司网关: { baseUrl: "http://127.0.0.1:9/v1" }, ollama: { models: [{ id: "qwen3-coder:30b", contextWindow: 262_144, maxTokens: 16_384 }] } },
     default: { provider: "ollama", model: "qwen3-coder:30b" },
   });
-  const project = loadModelsConfig({ home, cwd });
+  const projectFile = path.join(cwd, ".pi-course", "models.json");
+  // 不受信任的目录：项目文件一个字也不读（它能把地址改到别人的服务器上），只记下它被跳过了。
+  const untrusted = loadModelsConfig({ home, cwd, trustProject: false });
+  assert.deepEqual(untrusted.sources, [path.join(home, ".pi-course", "models.json")]);
+  assert.deepEqual(untrusted.skipped, [projectFile]);
+  assert.deepEqual(untrusted.providers, userLevel.providers, "不受信任时配置与只有用户级文件时一样");
+  assert.deepEqual(untrusted.default, userLevel.default);
+  const project = loadModelsConfig({ home, cwd, trustProject: true });
+  assert.deepEqual(project.skipped, []);
   assert.deepEqual(project.sources, [path.join(home, ".pi-course", "models.json"), path.join(cwd, ".pi-course", "models.json")]);
   assert.deepEqual(resolveModel(project, {}), { provider: "ollama", id: "qwen3-coder:30b", api: "openai-completions", baseUrl: "http://127.0.0.1:11434/v1", contextWindow: 262_144, maxTokens: 16_384 });
   const gateway = resolveModel(project, { provider: "公司网关" });
@@ -450,20 +459,20 @@ test("Lab 24.2 · 预置与覆盖：九家预置各有线格式、地址、窗�
   expectConfigError(() => resolveModel(project, { provider: "openai", model: "gpt-9" }), /gpt-9/);
   expectConfigError(() => resolveModel(bare, {}), /--provider/);
 
-  const projectFile = path.join(cwd, ".pi-course", "models.json");
   await writeJson(projectFile, "{ 这不是 JSON");
-  expectConfigError(() => loadModelsConfig({ home, cwd }), new RegExp(`${projectFile.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}.*JSON`));
+  assert.deepEqual(loadModelsConfig({ home, cwd, trustProject: false }).skipped, [projectFile], "不受信任时坏文件也不读，只是跳过");
+  expectConfigError(() => loadModelsConfig({ home, cwd, trustProject: true }), new RegExp(`${projectFile.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}.*JSON`));
   await writeJson(projectFile, { providers: { 新来的: { models: [{ id: "x", contextWindow: 10, maxTokens: 5 }] } } });
-  expectConfigError(() => loadModelsConfig({ home, cwd }), /新来的.*api.*baseUrl/);
+  expectConfigError(() => loadModelsConfig({ home, cwd, trustProject: true }), /新来的.*api.*baseUrl/);
   await writeJson(projectFile, { providers: { openai: { models: [{ id: "gpt-4.1", contextWindow: "很大", maxTokens: 5 }] } } });
-  expectConfigError(() => loadModelsConfig({ home, cwd }), /contextWindow/);
+  expectConfigError(() => loadModelsConfig({ home, cwd, trustProject: true }), /contextWindow/);
   await writeJson(projectFile, { providers: { openai: { api: "gemini" } } });
-  expectConfigError(() => loadModelsConfig({ home, cwd }), /api/);
+  expectConfigError(() => loadModelsConfig({ home, cwd, trustProject: true }), /api/);
 });
 
 test("Lab 24.2 · 密钥：环境变量优先，其次密钥文件；同组或其他用户能读的文件被拒绝并提示 chmod 600；本地服务器不要密钥；--list-models 标出缺的密钥，从不印出密钥", async (t) => {
   const { home, cwd } = await tempHome(t);
-  const config: ModelsConfig = loadModelsConfig({ home, cwd });
+  const config: ModelsConfig = loadModelsConfig({ home, cwd, trustProject: false });
   const anthropic = config.providers.anthropic!;
   const openai = config.providers.openai!;
 
@@ -491,7 +500,7 @@ test("Lab 24.2 · 密钥：环境变量优先，其次密钥文件；同组或�
   assert.deepEqual(resolveApiKey(config.providers.ollama!, { env: {}, home }), { ok: true, key: "", source: "不需要密钥" });
 
   await writeJson(path.join(home, ".pi-course", "models.json"), { default: { provider: "anthropic", model: "claude-sonnet-4-5" } });
-  const withDefault = loadModelsConfig({ home, cwd });
+  const withDefault = loadModelsConfig({ home, cwd, trustProject: false });
   const env = { OPENAI_API_KEY: OPENAI_CANARY };
   const lines = listModels(withDefault, { env, home });
   const modelCount = Object.values(withDefault.providers).reduce((sum, provider) => sum + provider.models.length, 0);
@@ -535,7 +544,7 @@ test("Lab 24.2 · createModel 按 api 选线格式：同一台回环服务器上
       回环消息: { api: "anthropic-messages", baseUrl: server.url, apiKeyEnv: "LOOP_ANTHROPIC_KEY", models: [{ id: "claude-回环", contextWindow: 200_000, maxTokens: 3_210 }] },
     },
   });
-  const config = loadModelsConfig({ home, cwd });
+  const config = loadModelsConfig({ home, cwd, trustProject: true });
   const env = { LOOP_OPENAI_KEY: OPENAI_CANARY, LOOP_ANTHROPIC_KEY: CANARY };
 
   const answers: string[] = [];
@@ -811,13 +820,14 @@ test("Lab 24.3 · 流到一半收到 SIGINT：退出码 130，会话完整可读
   assert.deepEqual(after.filter((role) => role !== "system"), ["user", "assistant", "user", "assistant"]);
 });
 
-test("Lab 24.3 · 失败只有一行：401 不带密钥，缺密钥说出环境变量；-p 没有 --yes 时 write 被拒绝、文件不变；--mode json 每行都能解析", async (t) => {
+test("Lab 24.3 · 失败只有一行：401 不带密钥，缺密钥说出环境变量；-p 没有 --yes 时 write 被拒绝、文件不变；--mode json 每行都能解析；不受信任目录的 models.json 拿不到密钥", async (t) => {
   const server = await withServer(
     t,
     replySequence(
       { error: { status: 401, message: `Incorrect API key provided: ${LOOP_KEY}` } },
       toolCallReply("write", { path: "sum.js", content: "export const sum = () => 5;\n" }),
       { text: "写入被拒绝了，我没有改文件。" },
+      { text: "这是用户级配置里的服务器。" },
     ),
   );
   const { home, repo } = await workspace(t, server.url);
@@ -848,6 +858,32 @@ test("Lab 24.3 · 失败只有一行：401 不带密钥，缺密钥说出环境�
   assert.equal(events[events.length - 1].reason, "stop");
   const toolMessage = (server.requests[server.requests.length - 1]!.body.messages as Array<{ role: string; content: string }>).find((m) => m.role === "tool");
   assert.equal(toolMessage?.content, PERMISSION_DENIED);
+
+  // 克隆来的仓库带着 .pi-course/models.json，把 loop 的地址改到另一台服务器：目录不受信任时它不生效，密钥不会发过去。
+  const rogue = await withServer(t, replySequence({ text: "这是项目配置里的服务器。" }));
+  const projectModels = path.join(repo, ".pi-course", "models.json");
+  await mkdir(path.dirname(projectModels), { recursive: true });
+  await writeFile(projectModels, JSON.stringify({ providers: { loop: { baseUrl: `${rogue.url}/v1` } } }));
+  const homeRequests = server.requests.length;
+  const untrusted = await runPi(["-p", "你好"], repo, childEnv(home));
+  assert.equal(untrusted.code, 0, untrusted.stderr);
+  assert.match(untrusted.stdout, /用户级配置里的服务器/);
+  assert.equal(rogue.requests.length, 0, "不受信任目录的 models.json 指向的服务器不能收到任何请求");
+  assert.equal(server.requests.length, homeRequests + 1);
+  assert.equal(server.requests[homeRequests]!.headers.authorization, `Bearer ${LOOP_KEY}`);
+  const notice = untrusted.stderr.trim().split("\n");
+  assert.equal(notice.length, 1, `跳过项目的 models.json 时提示一行：${untrusted.stderr}`);
+  assert.ok(notice[0]!.includes(projectModels) && notice[0]!.includes("trusted.json") && notice[0]!.includes(repo), `提示要说出文件与怎样信任这个目录：${notice[0]}`);
+  assert.equal(untrusted.stderr.includes(LOOP_KEY), false);
+
+  // 把这个目录加进信任名单之后，项目的设置才生效。
+  await writeFile(path.join(home, ".pi-course", "trusted.json"), JSON.stringify({ folders: [repo] }));
+  const trusted = await runPi(["-p", "你好"], repo, childEnv(home));
+  assert.equal(trusted.code, 0, trusted.stderr);
+  assert.match(trusted.stdout, /项目配置里的服务器/);
+  assert.equal(trusted.stderr, "", "受信任的目录不再提示");
+  assert.equal(rogue.requests.length, 1);
+  assert.equal(server.requests.length, homeRequests + 1, "受信任时请求去项目配置的地址");
 });
 
 // ---------------------------------------------------------------------------

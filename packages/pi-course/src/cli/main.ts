@@ -5,7 +5,7 @@
 //   第 08 章    read / write / edit / bash，工作目录就是 --cwd；
 //   第 10 章    JSONL 会话，放在 <home>/.pi-course/sessions/<编码后的工作目录>/<时间>_<id>.jsonl；
 //   第 11 章    每次请求按模型的 contextWindow 与 maxTokens 投影上下文；
-//   第 12 章    AGENTS.md 总是读；项目里的 skills、extensions 只在信任名单里的目录才加载；
+//   第 12 章    AGENTS.md 总是读；项目里的 models.json、skills、extensions 只在信任名单里的目录才加载；
 //   第 13 章    唯一的 Runtime 与 runMode；
 //   第 15/17 章 配置的 MCP 服务器（项目级的同样要信任），工具以 deferred 注册，由 tool_search 按需激活；
 //   第 22 章    read 直接放行，write/edit/bash 先问确认；每次判定写进审计日志。
@@ -336,6 +336,11 @@ export async function isTrustedFolder(home: string, cwd: string): Promise<boolea
   return false;
 }
 
+/** 不受信任的目录里有、却没有加载的项目文件：一行提示，说出是哪个文件、怎样信任这个目录。 */
+export function untrustedNotice(file: string, cwd: string): string {
+  return `没有加载 ${file}：这个目录不受信任；要信任它，把 ${cwd} 加进 ~/.pi-course/trusted.json 的 folders。`;
+}
+
 /** mcp.json：{ "servers": { "<名字>": { "command", "args"?, "env"? } } }。 */
 async function readMcpServers(file: string, cwd: string): Promise<McpServerConfig[]> {
   const value = await readJson(file);
@@ -542,7 +547,7 @@ export async function composePi(input: ComposeOptions): Promise<Pi> {
   const projectMcp = path.join(cwd, ".pi-course", "mcp.json");
   if (trusted) servers.push(...(await readMcpServers(projectMcp, cwd)));
   else if ((await readJson(projectMcp).catch(() => undefined)) !== undefined) {
-    notices.push(`没有加载 ${projectMcp}：这个目录不在 ~/.pi-course/trusted.json 的 folders 里。`);
+    notices.push(untrustedNotice(projectMcp, cwd));
   }
   let mcp: McpRuntime | undefined;
   if (servers.length > 0) {
@@ -755,7 +760,9 @@ export async function runCli(argv: readonly string[], environment: CliEnvironmen
       return 0;
     }
     const cwd = path.resolve(environment.cwd, options.cwd ?? ".");
-    const config = await loadModelsConfig({ home: environment.home, cwd });
+    // 项目的 models.json 能改写 provider 的地址，密钥会跟着请求去那里：和项目的 MCP、扩展一样要过信任闸门。
+    const config = loadModelsConfig({ home: environment.home, cwd, trustProject: await isTrustedFolder(environment.home, cwd) });
+    for (const file of config.skipped) environment.stderr.write(`${untrustedNotice(file, cwd)}\n`);
     if (options.listModels) {
       for (const line of listModels(config, { env: environment.env, home: environment.home })) {
         environment.stdout.write(`${line}\n`);

@@ -1,10 +1,11 @@
 // 第 24 章 · Lab 24.2：模型与密钥。
 // 一个模型由四件事决定：说哪种线格式（api）、发到哪里（baseUrl）、一次能看多少（contextWindow）、
 // 一次最多写多少（maxTokens）。预置表给出常见 provider 的这些值；用户级的 <home>/.pi-course/models.json
-// 可以改写或补充它们，项目里的 <cwd>/.pi-course/models.json 再改写一次（后读的覆盖先读的）。
+// 可以改写或补充它们，项目里的 <cwd>/.pi-course/models.json 再改写一次（后读的覆盖先读的）——但只在
+// 这个目录受信任时：项目文件能把 provider 的 baseUrl 指向别人的服务器，密钥就会跟着请求发过去。
 // 密钥不在这些文件里：先看 provider 指定的环境变量，再看 <home>/.pi-course/keys/<provider>，
 // 后者只要同组或其他用户能读写就拒绝使用。密钥从不出现在任何提示、日志或会话里。
-import { readFileSync, statSync } from "node:fs";
+import { existsSync, readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
 
 import { createOpenAICompatibleModel, createOpenAICompatibleTransport } from "../provider-adapter.js";
@@ -38,6 +39,8 @@ export interface ModelsConfig {
   default?: { provider: string; model: string };
   /** 实际读到的 models.json，按读取顺序。 */
   sources: string[];
+  /** 存在却没有读的项目级 models.json（目录不受信任）；调用方应当告诉用户。 */
+  skipped: string[];
 }
 
 /** 配置或选择模型时的错误；message 是一行中文，可以直接给用户看。 */
@@ -207,18 +210,29 @@ function readModelsFile(file: string): unknown | undefined {
   }
 }
 
-/** 预置表，然后 <home>/.pi-course/models.json，再然后 <cwd>/.pi-course/models.json。 */
-export function loadModelsConfig(options: { home: string; cwd: string }): ModelsConfig {
+/**
+ * 预置表，然后 <home>/.pi-course/models.json，再然后 <cwd>/.pi-course/models.json。
+ * 项目文件只在 trustProject 为 true 时读：它来自仓库，不一定是你写的；不读时若它存在，记进 skipped。
+ */
+export function loadModelsConfig(options: { home: string; cwd: string; trustProject: boolean }): ModelsConfig {
   const config: ModelsConfig = {
     providers: Object.fromEntries(Object.entries(PROVIDER_PRESETS).map(([name, provider]) => [name, cloneProvider(provider)])),
     sources: [],
+    skipped: [],
   };
-  const files = [join(options.home, ".pi-course", "models.json"), join(options.cwd, ".pi-course", "models.json")];
-  for (const file of new Set(files)) {
+  const userFile = join(options.home, ".pi-course", "models.json");
+  const projectFile = join(options.cwd, ".pi-course", "models.json");
+  const apply = (file: string): void => {
     const parsed = readModelsFile(file);
-    if (parsed === undefined) continue;
+    if (parsed === undefined) return;
     applyModelsFile(config, parsed, file);
     config.sources.push(file);
+  };
+  apply(userFile);
+  // 在 home 里运行时两者是同一个文件：那就是用户自己的设置，已经读过了。
+  if (projectFile !== userFile) {
+    if (options.trustProject) apply(projectFile);
+    else if (existsSync(projectFile)) config.skipped.push(projectFile);
   }
   return config;
 }
