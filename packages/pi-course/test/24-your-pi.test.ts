@@ -884,6 +884,15 @@ test("Lab 24.3 · 失败只有一行：401 不带密钥，缺密钥说出环境�
   assert.equal(trusted.stderr, "", "受信任的目录不再提示");
   assert.equal(rogue.requests.length, 1);
   assert.equal(server.requests.length, homeRequests + 1, "受信任时请求去项目配置的地址");
+
+  // 地址上没有服务器（本地模型还没启动）：一行说出连不上、该检查什么。
+  await rogue.close();
+  const unreachable = await runPi(["-p", "你好"], repo, childEnv(home));
+  assert.equal(unreachable.code, 1);
+  const unreachableLines = unreachable.stderr.trim().split("\n");
+  assert.equal(unreachableLines.length, 1, unreachable.stderr);
+  assert.match(unreachableLines[0]!, /^错误：连不上模型服务（.*ECONNREFUSED.*）：确认它在运行/);
+  assert.equal(unreachable.stderr.includes(LOOP_KEY), false);
 });
 
 // ---------------------------------------------------------------------------

@@ -297,6 +297,9 @@ export function describeModelFailure(detail: string, keyHint: string): string {
     return `模型服务拒绝了这把密钥（HTTP ${status}）：检查 ${keyHint}。`;
   }
   if (status !== undefined) return `模型请求失败（HTTP ${status}）：${detail}`;
+  if (/ECONNREFUSED|ENOTFOUND|EAI_AGAIN|EHOSTUNREACH/.test(detail)) {
+    return `连不上模型服务（${detail}）：确认它在运行、models.json 或预置里的 baseUrl 写对了；本地模型要先启动它的服务器（例如 ollama serve）。`;
+  }
   return `模型请求失败：${detail === "" ? "没有更多信息" : detail}`;
 }
 
