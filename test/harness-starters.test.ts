@@ -8,7 +8,7 @@ import fs from "fs-extra";
 import { type Checkpoint, loadCheckpoints } from "../scripts/model/manifest.js";
 import { ensureHistory, showFile, type HistoryInfo } from "../scripts/model/history.js";
 import { materialiseAll, misfitReport, storedStarterProblems } from "../scripts/model/starter-files.js";
-import { applyHoles, diffRuns, holesOf, parseHoles, resetHoles, splitLines, starterHoles, storedPath } from "../scripts/model/starter-store.js";
+import { applyHoles, diffRuns, holesOf, misalignedDeclarations, parseHoles, resetHoles, splitLines, starterHoles, storedPath } from "../scripts/model/starter-store.js";
 import { REPO, at, copyCourse, course, git, run, tempDir } from "./harness-helpers.js";
 
 /** The commit whose `starters/*.ts` were the last full starters: every materialised starter must equal them. */
@@ -115,6 +115,22 @@ test("reset 的按洞恢复：只撤销碰到所选 lab 的洞的改动，其余
   assert.equal(all.text, ["a", "x1 Lab 1.1", "b", "c", "x2 Lab 1.2", "d", "// tail", ""].join("\n"), "洞外的改动（结尾的注释）不属于任何 lab");
   assert.deepEqual(starterHoles(holesOf("a\nb\nc\n", "a\nLab 1.1\nc\n"), ["1.1"]), [{ start: 1, end: 2, labs: ["1.1"] }]);
   assert.deepEqual(diffRuns(["a", "b"], ["a", "b"]), []);
+});
+
+test("reset 的按洞恢复对不上位置时不被采用：别的 lab 的方法被换成这个 lab 的桩（两个 describe、没有 execute）会被认出来", () => {
+  // 第 20 章 js-kernel.ts 的真实情形：target 的 execute 不带 async，新的 diff 把脚手架的 describe 桩与学习者的 execute 配成一对。
+  const starter = ["class K {", "  async execute(code) {", "    throw labError(\"Lab 9.1 execute\");", "  }", "", "  async describe() {", "    throw labError(\"Lab 9.2 describe\");", "  }", "}", ""].join("\n");
+  const holes = [{ start: 1, end: 4, labs: ["9.1"] }, { start: 5, end: 8, labs: ["9.2"] }];
+  const mine = ["class K {", "  private queue = [];", "  constructor() {", "    this.queue = [];", "  }", "", "  execute(code) {", "    return this.run(code);", "  }", "", "  describe() {", "    return this.look();", "  }", "}", ""].join("\n");
+  const own = resetHoles(starter, mine, holes, (h) => h.labs.includes("9.2"));
+  assert.ok(own.undone > 0);
+  assert.deepEqual(misalignedDeclarations(starter, mine, own.text).includes("describe") || misalignedDeclarations(starter, mine, own.text).includes("execute"), true, own.text);
+  assert.deepEqual(misalignedDeclarations(starter, mine, starter), [], "整份恢复总是一致的");
+  assert.deepEqual(misalignedDeclarations(starter, mine, mine), []);
+  const clean = ["class K {", "  async execute(code) {", "    return this.run(code);", "  }", "", "  async describe() {", "    return this.look();", "  }", "}", ""].join("\n");
+  const fine = resetHoles(starter, clean, holes, (h) => h.labs.includes("9.2"));
+  assert.equal(fine.text, ["class K {", "  async execute(code) {", "    return this.run(code);", "  }", "", "  async describe() {", "    throw labError(\"Lab 9.2 describe\");", "  }", "}", ""].join("\n"));
+  assert.deepEqual(misalignedDeclarations(starter, clean, fine.text), [], "对得上位置的按洞恢复照常采用");
 });
 
 test("checkpoint NN --starter 打印学习者拿到的全文；--checkout 写出 starters/NN-<文件>.ts，starter -- save 存回同样的存储形式", async () => {
