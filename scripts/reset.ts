@@ -86,11 +86,11 @@ await main(async (args) => {
     if (broken.length > 0) misaligned.push({ file, names: broken });
     else ownPlans.push({ file, text: Buffer.from(own.text, "utf8"), labs: own.labs, holes: own.undone });
   }
-  // Lab-only resets the fresh diff cannot line up are not offered: they would leave another lab's method overwritten.
+  // Lab-only resets the fresh diff cannot line up are not offered: they would leave a file that does not compile.
   if (misaligned.length > 0) {
     ownPlans.length = 0;
-    const where = misaligned.map((m) => `${path.posix.basename(m.file)} 里的 ${m.names.join("、")}`).join("；");
-    console.log(`只恢复 Lab ${lab} 的位置做不到：你的代码和脚手架对不上位置，按洞恢复会把别的 lab 的函数也换掉（${where}）。下面只能整份恢复。`);
+    const where = misaligned.map((m) => `${path.posix.basename(m.file)}：${m.names.join("、")}`).join("；");
+    console.log(`只恢复 Lab ${lab} 的位置做不到：你的代码和脚手架的位置对不上，只撤销这个 lab 的改动会留下编译不过的文件（${where}）。下面只能整份恢复。`);
   }
   if (wholePlans.length === 0) throw new CourseError(`没有要恢复的：${what}（${files.join("、")}）与练习目录的第一个提交完全相同。`);
   // Only this lab's holes, when that is narrower than whole files (another lab's code would go back with them).

@@ -131,6 +131,15 @@ test("reset 的按洞恢复对不上位置时不被采用：别的 lab 的方法
   const fine = resetHoles(starter, clean, holes, (h) => h.labs.includes("9.2"));
   assert.equal(fine.text, ["class K {", "  async execute(code) {", "    return this.run(code);", "  }", "", "  async describe() {", "    throw labError(\"Lab 9.2 describe\");", "  }", "}", ""].join("\n"));
   assert.deepEqual(misalignedDeclarations(starter, clean, fine.text), [], "对得上位置的按洞恢复照常采用");
+  // 第 19 章 durable.ts 的真实情形：学习者自己加的 helper 随 Lab 19.1 的洞回去了，别处对它的调用还留着。
+  const helperStarter = ["// 脚手架：Lab 9.1 写入，Lab 9.2 读出", "function write() {", "  throw labError(\"Lab 9.1 write\");", "}", "function read() {", "  throw labError(\"Lab 9.2 read\");", "}", ""].join("\n");
+  const helperHoles = [{ start: 0, end: 1, labs: ["9.1", "9.2"] }, { start: 1, end: 4, labs: ["9.1"] }, { start: 4, end: 7, labs: ["9.2"] }];
+  const withHelper = ["// 实现", "function put(key) {", "  return key;", "}", "function write() {", "  return put(1);", "}", "function read() {", "  return put(2);", "}", ""].join("\n");
+  const undone = resetHoles(helperStarter, withHelper, helperHoles, (h) => h.labs.includes("9.1"));
+  assert.ok(!undone.text.includes("function put(") && undone.text.includes("put(2)"), undone.text);
+  assert.deepEqual(misalignedDeclarations(helperStarter, withHelper, undone.text), ["put"], undone.text);
+  const onlyTwo = resetHoles(helperStarter, ["// 实现", "function write() {", "  return 1;", "}", "function read() {", "  return 2;", "}", ""].join("\n"), helperHoles, (h) => h.labs.includes("9.2"));
+  assert.deepEqual(onlyTwo.labs, ["9.2"], "文件头里点到每个 lab 的注释不算那些 lab 回到了脚手架");
 });
 
 test("checkpoint NN --starter 打印学习者拿到的全文；--checkout 写出 starters/NN-<文件>.ts，starter -- save 存回同样的存储形式", async () => {

@@ -218,15 +218,19 @@ function declarationCounts(lines: string[]): Map<string, number> {
  * A lab-only reset lines the learner's file up against the starter afresh; when the learner's code sits where the diff
  * pairs it with another lab's stub, undoing "this lab's" edit would overwrite another lab's method with this lab's stub
  * (two `describe(` and no `execute(`). The result is trusted only when every function or method header appears in it as
- * often as in the starter or in the learner's file. Returns the names that break that (empty: consistent).
+ * often as in the starter or in the learner's file, and a helper only the learner declared must not lose its header while
+ * a call to it stays. Returns the names that break that (empty: consistent).
  */
 export function misalignedDeclarations(starter: string, current: string, result: string): string[] {
   const s = declarationCounts(splitLines(starter));
   const c = declarationCounts(splitLines(current));
   const r = declarationCounts(splitLines(result));
   const names = new Set([...s.keys(), ...c.keys(), ...r.keys()]);
+  // A helper the learner wrote (the starter has none) whose header went back with the stub while a call to it stayed.
+  const called = (name: string): boolean => new RegExp(`(?<![\\w$#.])${name.replace(/[$]/g, "\\$")}\\s*\\(`).test(result);
   return [...names].filter((name) => {
     const count = r.get(name) ?? 0;
+    if (count === 0 && (s.get(name) ?? 0) === 0 && (c.get(name) ?? 0) > 0 && called(name)) return true;
     return count !== (s.get(name) ?? 0) && count !== (c.get(name) ?? 0);
   }).sort();
 }
@@ -254,7 +258,9 @@ export function resetHoles(starter: string, current: string, holes: StarterHole[
     const hit = holes.filter((h) => touches(run, h));
     if (hit.some((h) => wanted(h, run.bStart === run.bEnd))) {
       out.push(...s.slice(run.aStart, run.aEnd));
-      for (const h of hit) for (const lab of h.labs) labs.add(lab);
+      // A lab goes back when one of its stubs does; a comment that names every lab (a file header) does not count.
+      const code = s.slice(run.aStart, run.aEnd).filter((line) => !/^\s*(?:\/\/|\/\*|\*)/.test(line));
+      for (const lab of labsIn(code, [...new Set(hit.flatMap((h) => h.labs))])) labs.add(lab);
       undone += 1;
     } else {
       out.push(...c.slice(run.bStart, run.bEnd));
