@@ -15,7 +15,7 @@ import { ROOT, inTree, isPracticeRoot } from "./model/paths.js";
 import { backupFolder } from "./model/practice-state.js";
 import { type PracticeManifest, readPracticeManifest } from "./model/practice-manifest.js";
 import { quotePath } from "./model/quote.js";
-import { resetHoles } from "./model/starter-store.js";
+import { misalignedDeclarations, resetHoles } from "./model/starter-store.js";
 
 const USAGE = "用法：npm run reset -w @pi/course -- <章.lab | 章 | tests> [--yes] [--whole]   例如 9.1（这个 lab 的位置）、09（本章全部教学文件）、tests（给定的测试）";
 
@@ -64,6 +64,7 @@ await main(async (args) => {
   const labIds = practice.labs.map((l) => l.id);
   const wholePlans: Plan[] = [];
   const ownPlans: Plan[] = [];
+  const misaligned: Array<{ file: string; names: string[] }> = [];
   for (const file of files) {
     const full = inTree(ROOT, file);
     const given = git(["show", `${first}:${file}`]);
@@ -80,7 +81,16 @@ await main(async (args) => {
     wholePlans.push({ file, text: given, labs: all.labs });
     if (!lab) continue;
     const own = resetHoles(given.toString("utf8"), current.toString("utf8"), holes, (h, deletedOnly) => h.labs.includes(lab) || (h.labs.length === 0 && deletedOnly));
-    if (own.undone > 0) ownPlans.push({ file, text: Buffer.from(own.text, "utf8"), labs: own.labs, holes: own.undone });
+    if (own.undone === 0) continue;
+    const broken = misalignedDeclarations(given.toString("utf8"), current.toString("utf8"), own.text);
+    if (broken.length > 0) misaligned.push({ file, names: broken });
+    else ownPlans.push({ file, text: Buffer.from(own.text, "utf8"), labs: own.labs, holes: own.undone });
+  }
+  // Lab-only resets the fresh diff cannot line up are not offered: they would leave a file that does not compile.
+  if (misaligned.length > 0) {
+    ownPlans.length = 0;
+    const where = misaligned.map((m) => `${path.posix.basename(m.file)}：${m.names.join("、")}`).join("；");
+    console.log(`只恢复 Lab ${lab} 的位置做不到：你的代码和脚手架的位置对不上，只撤销这个 lab 的改动会留下编译不过的文件（${where}）。下面只能整份恢复。`);
   }
   if (wholePlans.length === 0) throw new CourseError(`没有要恢复的：${what}（${files.join("、")}）与练习目录的第一个提交完全相同。`);
   // Only this lab's holes, when that is narrower than whole files (another lab's code would go back with them).
@@ -93,7 +103,7 @@ await main(async (args) => {
   let plans: Plan[];
   if (whole || !narrower) plans = wholePlans;
   else plans = ownPlans;
-  if (lab !== undefined && !whole && ownPlans.length === 0)
+  if (lab !== undefined && !whole && ownPlans.length === 0 && misaligned.length === 0)
     throw new CourseError(`没有要恢复的：Lab ${lab} 的位置与脚手架相同（改动在别处：${labList(wholeLabs)}）；要恢复整份文件就加 --whole。`);
   if (!yes) {
     if (!interactive())

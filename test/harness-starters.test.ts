@@ -8,7 +8,7 @@ import fs from "fs-extra";
 import { type Checkpoint, loadCheckpoints } from "../scripts/model/manifest.js";
 import { ensureHistory, showFile, type HistoryInfo } from "../scripts/model/history.js";
 import { materialiseAll, misfitReport, storedStarterProblems } from "../scripts/model/starter-files.js";
-import { applyHoles, diffRuns, holesOf, parseHoles, resetHoles, splitLines, starterHoles, storedPath } from "../scripts/model/starter-store.js";
+import { applyHoles, diffRuns, holesOf, misalignedDeclarations, parseHoles, resetHoles, splitLines, starterHoles, storedPath } from "../scripts/model/starter-store.js";
 import { REPO, at, copyCourse, course, git, run, tempDir } from "./harness-helpers.js";
 
 /** The commit whose `starters/*.ts` were the last full starters: every materialised starter must equal them. */
@@ -115,6 +115,31 @@ test("reset 的按洞恢复：只撤销碰到所选 lab 的洞的改动，其余
   assert.equal(all.text, ["a", "x1 Lab 1.1", "b", "c", "x2 Lab 1.2", "d", "// tail", ""].join("\n"), "洞外的改动（结尾的注释）不属于任何 lab");
   assert.deepEqual(starterHoles(holesOf("a\nb\nc\n", "a\nLab 1.1\nc\n"), ["1.1"]), [{ start: 1, end: 2, labs: ["1.1"] }]);
   assert.deepEqual(diffRuns(["a", "b"], ["a", "b"]), []);
+});
+
+test("reset 的按洞恢复对不上位置时不被采用：别的 lab 的方法被换成这个 lab 的桩（两个 describe、没有 execute）会被认出来", () => {
+  // 第 20 章 js-kernel.ts 的真实情形：target 的 execute 不带 async，新的 diff 把脚手架的 describe 桩与学习者的 execute 配成一对。
+  const starter = ["class K {", "  async execute(code) {", "    throw labError(\"Lab 9.1 execute\");", "  }", "", "  async describe() {", "    throw labError(\"Lab 9.2 describe\");", "  }", "}", ""].join("\n");
+  const holes = [{ start: 1, end: 4, labs: ["9.1"] }, { start: 5, end: 8, labs: ["9.2"] }];
+  const mine = ["class K {", "  private queue = [];", "  constructor() {", "    this.queue = [];", "  }", "", "  execute(code) {", "    return this.run(code);", "  }", "", "  describe() {", "    return this.look();", "  }", "}", ""].join("\n");
+  const own = resetHoles(starter, mine, holes, (h) => h.labs.includes("9.2"));
+  assert.ok(own.undone > 0);
+  assert.deepEqual(misalignedDeclarations(starter, mine, own.text).includes("describe") || misalignedDeclarations(starter, mine, own.text).includes("execute"), true, own.text);
+  assert.deepEqual(misalignedDeclarations(starter, mine, starter), [], "整份恢复总是一致的");
+  assert.deepEqual(misalignedDeclarations(starter, mine, mine), []);
+  const clean = ["class K {", "  async execute(code) {", "    return this.run(code);", "  }", "", "  async describe() {", "    return this.look();", "  }", "}", ""].join("\n");
+  const fine = resetHoles(starter, clean, holes, (h) => h.labs.includes("9.2"));
+  assert.equal(fine.text, ["class K {", "  async execute(code) {", "    return this.run(code);", "  }", "", "  async describe() {", "    throw labError(\"Lab 9.2 describe\");", "  }", "}", ""].join("\n"));
+  assert.deepEqual(misalignedDeclarations(starter, clean, fine.text), [], "对得上位置的按洞恢复照常采用");
+  // 第 19 章 durable.ts 的真实情形：学习者自己加的 helper 随 Lab 19.1 的洞回去了，别处对它的调用还留着。
+  const helperStarter = ["// 脚手架：Lab 9.1 写入，Lab 9.2 读出", "function write() {", "  throw labError(\"Lab 9.1 write\");", "}", "function read() {", "  throw labError(\"Lab 9.2 read\");", "}", ""].join("\n");
+  const helperHoles = [{ start: 0, end: 1, labs: ["9.1", "9.2"] }, { start: 1, end: 4, labs: ["9.1"] }, { start: 4, end: 7, labs: ["9.2"] }];
+  const withHelper = ["// 实现", "function put(key) {", "  return key;", "}", "function write() {", "  return put(1);", "}", "function read() {", "  return put(2);", "}", ""].join("\n");
+  const undone = resetHoles(helperStarter, withHelper, helperHoles, (h) => h.labs.includes("9.1"));
+  assert.ok(!undone.text.includes("function put(") && undone.text.includes("put(2)"), undone.text);
+  assert.deepEqual(misalignedDeclarations(helperStarter, withHelper, undone.text), ["put"], undone.text);
+  const onlyTwo = resetHoles(helperStarter, ["// 实现", "function write() {", "  return 1;", "}", "function read() {", "  return 2;", "}", ""].join("\n"), helperHoles, (h) => h.labs.includes("9.2"));
+  assert.deepEqual(onlyTwo.labs, ["9.2"], "文件头里点到每个 lab 的注释不算那些 lab 回到了脚手架");
 });
 
 test("checkpoint NN --starter 打印学习者拿到的全文；--checkout 写出 starters/NN-<文件>.ts，starter -- save 存回同样的存储形式", async () => {

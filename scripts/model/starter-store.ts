@@ -202,6 +202,39 @@ export function starterHoles(holes: Hole[], labIds: string[]): StarterHole[] {
   });
 }
 
+const DECLARATION = /^\s*(?:export\s+)?(?:default\s+)?(?:(?:public|private|protected|static|readonly|abstract|override|async|get|set)\s+)*(?:function\*?\s+)?(#?[A-Za-z_$][\w$]*)\s*(?:<[^>]*>)?\(.*\)\s*(?::\s*[^{;]+)?\{\s*$/;
+const NOT_DECLARED = new Set(["if", "for", "while", "switch", "catch", "return", "function", "await", "new", "typeof"]);
+
+function declarationCounts(lines: string[]): Map<string, number> {
+  const counts = new Map<string, number>();
+  for (const line of lines) {
+    const name = DECLARATION.exec(line)?.[1];
+    if (name !== undefined && !NOT_DECLARED.has(name)) counts.set(name, (counts.get(name) ?? 0) + 1);
+  }
+  return counts;
+}
+
+/**
+ * A lab-only reset lines the learner's file up against the starter afresh; when the learner's code sits where the diff
+ * pairs it with another lab's stub, undoing "this lab's" edit would overwrite another lab's method with this lab's stub
+ * (two `describe(` and no `execute(`). The result is trusted only when every function or method header appears in it as
+ * often as in the starter or in the learner's file, and a helper only the learner declared must not lose its header while
+ * a call to it stays. Returns the names that break that (empty: consistent).
+ */
+export function misalignedDeclarations(starter: string, current: string, result: string): string[] {
+  const s = declarationCounts(splitLines(starter));
+  const c = declarationCounts(splitLines(current));
+  const r = declarationCounts(splitLines(result));
+  const names = new Set([...s.keys(), ...c.keys(), ...r.keys()]);
+  // A helper the learner wrote (the starter has none) whose header went back with the stub while a call to it stayed.
+  const called = (name: string): boolean => new RegExp(`(?<![\\w$#.])${name.replace(/[$]/g, "\\$")}\\s*\\(`).test(result);
+  return [...names].filter((name) => {
+    const count = r.get(name) ?? 0;
+    if (count === 0 && (s.get(name) ?? 0) === 0 && (c.get(name) ?? 0) > 0 && called(name)) return true;
+    return count !== (s.get(name) ?? 0) && count !== (c.get(name) ?? 0);
+  }).sort();
+}
+
 /**
  * The learner's file with only the given holes put back as the starter has them: the learner's edits (a diff from
  * the starter) that overlap one of `wanted` are undone, every other edit stays. `deletedOnly` says the edit only removed
@@ -225,7 +258,9 @@ export function resetHoles(starter: string, current: string, holes: StarterHole[
     const hit = holes.filter((h) => touches(run, h));
     if (hit.some((h) => wanted(h, run.bStart === run.bEnd))) {
       out.push(...s.slice(run.aStart, run.aEnd));
-      for (const h of hit) for (const lab of h.labs) labs.add(lab);
+      // A lab goes back when one of its stubs does; a comment that names every lab (a file header) does not count.
+      const code = s.slice(run.aStart, run.aEnd).filter((line) => !/^\s*(?:\/\/|\/\*|\*)/.test(line));
+      for (const lab of labsIn(code, [...new Set(hit.flatMap((h) => h.labs))])) labs.add(lab);
       undone += 1;
     } else {
       out.push(...c.slice(run.bStart, run.bEnd));

@@ -89,7 +89,7 @@ export async function main(argv: readonly string[] = process.argv.slice(2)): Pro
   const base = process.env.INIT_CWD ?? process.cwd();
   const file = path.resolve(base, logArg);
   if (!existsSync(file)) {
-    console.error(`找不到任务日志：${file}`);
+    console.error(`找不到任务日志：${file}。路径相对于你敲命令的目录；还没有日志就先运行 npm run demo -w @pi/course -- orchestration ${logArg}，它把任务日志写在那里。`);
     return 1;
   }
   let records: Awaited<ReturnType<typeof readTaskLog>>;
