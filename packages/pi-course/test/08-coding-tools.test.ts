@@ -810,13 +810,22 @@ test("Lab 8.5 · 超时与取消都结束整个进程组，连忽略 SIGTERM 的
   // 工具的计时器（超时、宽限、等管道）换成测试手里的时钟：ready 出现之后才让超时到点，SIGTERM 的标记出现之后
   // 才让宽限走完。机器再忙，超时也不会早于 trap，SIGKILL 也不会抢在标记之前。
   t.mock.timers.enable({ apis: ["setTimeout"] });
+  // 发给进程组（负 pid）的信号按顺序记下来，照常发出：宽限有多长，看 SIGKILL 在时钟拨到哪一刻出现。
+  const kill = t.mock.method(process, "kill");
+  const groupSignals = (): unknown[] =>
+    kill.mock.calls.flatMap((call) => (typeof call.arguments[0] === "number" && call.arguments[0] < 0 ? [call.arguments[1]] : []));
 
   const timedPending = run(tools(root, { bashTimeoutMs: 5_000 }), "bash", { command: trapping("timeout-term.txt", "timeout-ready.txt") });
   await readyAt("timeout-ready.txt", timedPending);
+  const timedFrom = groupSignals().length;
   t.mock.timers.tick(5_000);
   await waitForFile(at("timeout-term.txt"), timedPending);
-  t.mock.timers.tick(100);
+  // 默认宽限 100 毫秒：拨到 99 毫秒时只发过 SIGTERM，再拨 1 毫秒才补发 SIGKILL。
+  t.mock.timers.tick(99);
+  assert.deepEqual(groupSignals().slice(timedFrom), ["SIGTERM"], "默认宽限是 100 毫秒，99 毫秒时还不该补发 SIGKILL");
+  t.mock.timers.tick(1);
   const timed = await timedPending;
+  assert.deepEqual(groupSignals().slice(timedFrom), ["SIGTERM", "SIGKILL"]);
   assert.equal(timed.isError, true, outputOf(timed));
   assert.equal(bashDetails(timed).timedOut, true);
   assert.equal(bashDetails(timed).aborted, false);
@@ -839,10 +848,15 @@ test("Lab 8.5 · 超时与取消都结束整个进程组，连忽略 SIGTERM 的
   const stubborn = `trap 'printf term > grace-term.txt' TERM; ${announce("grace-ready.txt")}; while :; do sleep 1; done`;
   const hurried = run(tools(root, { bashTimeoutMs: 5_000, bashKillGraceMs: 60_000 }), "bash", { command: stubborn }, hurry.signal);
   await readyAt("grace-ready.txt", hurried);
+  const graceFrom = groupSignals().length;
   t.mock.timers.tick(5_000);
   await waitForFile(at("grace-term.txt"), hurried);
+  // 给了 bashKillGraceMs 就用它：拨到 59 999 毫秒仍只有 SIGTERM。
+  t.mock.timers.tick(59_999);
+  assert.deepEqual(groupSignals().slice(graceFrom), ["SIGTERM"], "bashKillGraceMs: 60000 时，59 999 毫秒还在宽限里");
   hurry.abort();
   const hurriedResult = await hurried;
+  assert.deepEqual(groupSignals().slice(graceFrom), ["SIGTERM", "SIGKILL"], "取消立刻补发 SIGKILL");
   assert.equal(hurriedResult.isError, true, outputOf(hurriedResult));
   assert.equal(bashDetails(hurriedResult).timedOut, true);
   assert.equal(bashDetails(hurriedResult).aborted, true);
@@ -907,11 +921,29 @@ test("Lab 8.5 · 超时与取消都结束整个进程组，连忽略 SIGTERM 的
   await waitForFile(at("detached-a.pid"), detachedPendingA);
   const pidA = Number((await readFile(at("detached-a.pid"), "utf8")).trim());
   cleanup.push(pidA);
-  // 超时到点、宽限走完，然后换回真的时钟：等管道的那一小段由工具自己的计时器走完。
-  t.mock.timers.tick(5_000);
-  t.mock.timers.tick(100);
-  t.mock.timers.reset();
+  let settledA = false;
+  void detachedPendingA.then(() => (settledA = true), () => (settledA = true));
+  // 超时到点、宽限走完；子进程退出、SIGKILL 也发完之后，工具才开始等管道（默认 200 毫秒）。它什么时候开始等，
+  // 由它调用（假的）setTimeout 的那一刻告诉测试：拨到 199 毫秒它还在等，再拨 1 毫秒它带着已经读到的输出返回。
+  const mockedSetTimeout = globalThis.setTimeout;
+  const drainArmed = deferred();
+  try {
+    t.mock.timers.tick(5_000);
+    t.mock.timers.tick(100);
+    globalThis.setTimeout = ((...args: Parameters<typeof setTimeout>) => {
+      drainArmed.resolve();
+      return mockedSetTimeout(...args);
+    }) as unknown as typeof setTimeout;
+    await Promise.race([drainArmed.promise, detachedPendingA]);
+    t.mock.timers.tick(199);
+    await new Promise((resolve) => setImmediate(resolve));
+    assert.equal(settledA, false, "默认等管道 200 毫秒，199 毫秒时还不该返回");
+    t.mock.timers.tick(1);
+  } finally {
+    globalThis.setTimeout = mockedSetTimeout;
+  }
   const detachedTimeout = await detachedPendingA;
+  t.mock.timers.reset();
   assert.equal(alive(pidA), true, "测试前提：脱离进程组的后代在返回时仍然活着");
   assert.equal(bashDetails(detachedTimeout).timedOut, true, outputOf(detachedTimeout));
   assert.equal(bashDetails(detachedTimeout).detachedMayRemain, true);

@@ -1,6 +1,7 @@
 import test from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
+import { existsSync, readdirSync } from "node:fs";
 import { mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
@@ -648,6 +649,9 @@ test(
 
     const root = entry("root", null, user("开始"));
     const child = entry("child", "root", assistant("好的"));
+    // 本进程打开着的文件描述符个数（Linux 与 macOS 的 /dev/fd）：fsync 的写入与 repair 都自己打开文件，用完要关掉。
+    const openFds = (): number | undefined => (existsSync("/dev/fd") ? readdirSync("/dev/fd").length : undefined);
+    const fdsBefore = openFds();
     await store.append(root);
     await store.append(child);
     const afterTwo = await readFile(file, "utf8");
@@ -668,6 +672,7 @@ test(
     const afterThree = await readFile(file, "utf8");
     assert.ok(afterThree.startsWith(afterTwo) && afterThree.endsWith("\n"));
     assert.deepEqual(await store.entries(), [root, child, third]);
+    assert.equal(openFds(), fdsBefore, "每次 fsync 的 append 写完都要关掉自己打开的文件");
     assert.deepEqual(await (await JsonlSessionStore.open(file)).read(), { entries: [root, child, third], warnings: [] });
 
     // open 会拒绝坏的已提交行，也会拒绝磁盘上找不到 parent 的 entry。
@@ -752,7 +757,9 @@ test(
       assert.ok(error.message.includes(tornFile) && error.message.includes("JsonlSessionStore.repair"), error.message);
       return true;
     });
+    const fdsBeforeRepair = openFds();
     const repaired = await JsonlSessionStore.repair(tornFile);
+    assert.equal(openFds(), fdsBeforeRepair, "repair 写完备份、截断之后不留下打开的文件");
     assert.equal(repaired.line, 4);
     assert.equal(repaired.removedBytes, Buffer.byteLength(tail));
     assert.ok(repaired.backup !== undefined && repaired.backup.startsWith(`${tornFile}.torn-`), String(repaired.backup));

@@ -33,6 +33,7 @@ import {
 } from "../src/task-runtime/task-state.js";
 import { TaskStore, TaskStoreCorrupt, TaskStoreRejected, formatRecovery, type TaskBatch } from "../src/task-runtime/task-store.js";
 import { TaskRecorder, TaskRuntime, idempotencyKey, type TaskRuntimeEvent, type TaskToolContext } from "../src/task-runtime/task-runner.js";
+import { expectNoLeaks } from "../test-support/leak-check.js";
 
 // ---------------------------------------------------------------------------
 // 夹具
@@ -138,7 +139,10 @@ function textOfResult(message: AgentMessage | undefined): string {
 
 /**
  * 带副作用的记账工具：副作用记在一个按幂等键去重的账本里（像一个认 request_id 的下单接口）。
- * crashAfterEffect 里的那几次调用在副作用发生之后永远不返回——进程就死在“做完了、还没记下”的那一刻。
+ * crashAfterEffect 里的那几次调用在副作用发生之后不再返回——进程就死在“做完了、还没记下”的那一刻。
+ * 测试关掉存储之后触发这次 run 的 signal，算作进程死掉：工具的等待这才结束，run 再也写不进已经关闭的存储。
+ * 只关存储不触发 signal，这次 run 就一直挂着；第 22 章起运行时给每个工具调用一个 30 秒的期限，挂着的 run
+ * 连同它的计时器会让测试进程晚 30 秒才退出——所以崩溃模拟包在泄漏检查里。
  */
 function ledgerTool(book: Map<string, string>, options: { crashAfterEffect?: number[]; started?: Deferred } = {}) {
   const seen: { key: string; entry: string; repeated: boolean }[] = [];
@@ -153,7 +157,11 @@ function ledgerTool(book: Map<string, string>, options: { crashAfterEffect?: num
       seen.push({ key, entry: parameters.entry, repeated });
       if (options.crashAfterEffect?.includes(seen.length)) {
         options.started?.resolve();
-        await new Promise(() => {});
+        await new Promise<void>((resolve) => {
+          if (context.signal?.aborted) resolve();
+          else context.signal?.addEventListener("abort", () => resolve(), { once: true });
+        });
+        throw new Error("进程已经死了");
       }
       return { content: [text(repeated ? `已经记过 ${parameters.entry}` : `记下 ${parameters.entry}`)] };
     },
@@ -1007,12 +1015,20 @@ test("Lab 21.3 · 恢复：新进程打开同一个文件，未结束的任务�
     await firstRuntime.submit({ id: "held", input: "被暂停的", priority: 7 });
     assert.equal((await firstRuntime.run("done")).state, "completed");
     assert.equal((await firstRuntime.run("held", { signal: hold.signal })).state, "paused");
-    firstRuntime.run("high").catch(() => undefined);
-    await crash.promise;
-    assert.equal(first.latest("high")?.state, "waiting_tool", "死在工具里：检查点停在等工具");
-    const doneVersion = first.latest("done")!.version;
-    const heldVersion = first.latest("held")!.version;
-    await first.close();
+    const death = new AbortController();
+    let abandoned!: Promise<unknown>;
+    let doneVersion = 0;
+    let heldVersion = 0;
+    await expectNoLeaks({ label: "模拟的崩溃之后", signals: [death.signal] }, async () => {
+      abandoned = firstRuntime.run("high", { signal: death.signal }).then(() => "run 不该正常结束", (error: unknown) => error);
+      await crash.promise;
+      assert.equal(first.latest("high")?.state, "waiting_tool", "死在工具里：检查点停在等工具");
+      doneVersion = first.latest("done")!.version;
+      heldVersion = first.latest("held")!.version;
+      await first.close();
+      death.abort();
+    });
+    assert.ok((await abandoned) instanceof TaskStoreRejected, "死掉之后的 run 什么也写不进存储");
 
     // 第二个“进程”：同一个文件，全新的存储与运行时。
     const second = await TaskStore.open(file);
@@ -1118,10 +1134,17 @@ test("Lab 21.3 · 幂等键：工具做完、检查点还没落盘时崩溃，�
     const dying = ledgerTool(book, { crashAfterEffect: [2], started: crash });
     const firstRuntime = new TaskRuntime({ store: first, model: new ScriptedModel(turns()), tools: [dying.tool], clock: steppingClock() });
     await firstRuntime.submit({ id: "buy", input: "下两单" });
-    firstRuntime.run("buy").catch(() => undefined);
-    await crash.promise;
-    const atCrash = first.latest("buy")!;
-    await first.close();
+    const death = new AbortController();
+    let abandoned!: Promise<unknown>;
+    let atCrash!: TaskSnapshot;
+    await expectNoLeaks({ label: "模拟的崩溃之后", signals: [death.signal] }, async () => {
+      abandoned = firstRuntime.run("buy", { signal: death.signal }).then(() => "run 不该正常结束", (error: unknown) => error);
+      await crash.promise;
+      atCrash = first.latest("buy")!;
+      await first.close();
+      death.abort();
+    });
+    assert.ok((await abandoned) instanceof TaskStoreRejected, "死掉之后的 run 什么也写不进存储");
     assert.equal(atCrash.state, "waiting_tool");
     assert.equal(atCrash.context.outcome, undefined, "要工具的回复还不是结局");
     assert.deepEqual(atCrash.context.steps.map((step) => step.type), ["model_call", "tool_call"], "第一单的检查点在，第二单的没有");
