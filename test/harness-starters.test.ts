@@ -268,6 +268,9 @@ test("洞外的一处修改（第 10 章 session.ts、第 13 章 composition.ts�
   const exported = await course(copy, "history", ["--export"]);
   assert.equal(exported.code, 0, exported.stderr);
   for (const edit of edits) assert.ok((await fs.readFile(at(copy, edit.file), "utf8")).includes(edit.edited), `最终树里有 ${edit.edited}`);
+  const bin = "packages/pi-course/bin/pi-course.js";
+  assert.notEqual((await fs.stat(at(REPO, bin))).mode & 0o111, 0, `夹具：课程仓库里的 ${bin} 是可执行的`);
+  assert.notEqual((await fs.stat(at(copy, bin))).mode & 0o111, 0, `导出之后 ${bin} 仍是可执行的（历史里一律存成 100644）`);
   assert.deepEqual(await fs.readdir(at(copy, "starters")), startersBefore);
   for (const name of startersBefore) assert.equal(await fs.readFile(at(copy, `starters/${name}`), "utf8"), await fs.readFile(at(REPO, `starters/${name}`), "utf8"), `${name} 不用改`);
 

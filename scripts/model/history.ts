@@ -359,8 +359,17 @@ export async function exportHistory(checkpoints: Checkpoint[], ref: string, root
   }
   // Final tree = the newest target.
   const last = log[log.length - 1]!.id;
-  for (const file of finalTreeFiles(root)) await fs.remove(inTree(root, file));
+  // The history stores every file as 100644; a file of the final tree that was executable (a package bin) stays so.
+  const executable: string[] = [];
+  for (const file of finalTreeFiles(root)) {
+    const mode = (await fs.stat(inTree(root, file)).catch(() => undefined))?.mode ?? 0;
+    if ((mode & 0o111) !== 0) executable.push(file);
+    await fs.remove(inTree(root, file));
+  }
   await materialize(dir, last, root);
+  for (const file of executable) {
+    if (await fs.pathExists(inTree(root, file))) await fs.chmod(inTree(root, file), 0o755);
+  }
   written.push(`${PACKAGE_DIR}/（最终树）`);
   return written;
 }
