@@ -12,7 +12,7 @@ import OpenAI from "openai";
 
 import { createAnthropicModel } from "../packages/pi-course/src/cli/anthropic.js";
 import { createOpenAICompatibleModel, createOpenAICompatibleTransport } from "../packages/pi-course/src/provider-adapter.js";
-import { userMessage, type ToolCall } from "../packages/pi-course/src/types.js";
+import { userMessage, type AgentContext, type AssistantMessage, type ToolCall } from "../packages/pi-course/src/types.js";
 import {
   nextEvent,
   startLoopbackModel,
@@ -74,6 +74,17 @@ function requestFor(prompt: string): LoopbackRequest {
   const found = server.requests.filter((request) => lastUserText(request) === prompt);
   assert.ok(found.length > 0, `the server saw no request for ${prompt}`);
   return found[found.length - 1]!;
+}
+
+/** 同一个请求分别经第 05 章的 OpenAI 兼容适配器与第 24 章的 Anthropic 适配器发给回环服务器，返回两条最终消息。 */
+async function throughCourseAdapters(context: AgentContext): Promise<[AssistantMessage, AssistantMessage]> {
+  const viaOpenAi = createOpenAICompatibleModel({
+    provider: "wire",
+    model: "gpt-wire",
+    transport: createOpenAICompatibleTransport({ baseUrl: `${server.url}/v1`, apiKey: OPENAI_KEY }),
+  });
+  const viaAnthropic = createAnthropicModel({ model: "claude-wire", baseUrl: server.url, apiKey: ANTHROPIC_KEY });
+  return [await viaOpenAi.stream(context).result(), await viaAnthropic.stream(context).result()];
 }
 
 test("openai 客户端：中文文本分块到达、用量块、finish_reason stop、认证头", HANG_GUARD, async () => {
@@ -297,14 +308,7 @@ test("推理文字：Anthropic 的 thinking 块带签名，OpenAI 兼容接口�
   assert.equal(content.join(""), "你好！");
 
   const context = { messages: [userMessage("thinking")] };
-  const viaOpenAi = await createOpenAICompatibleModel({
-    provider: "wire",
-    model: "gpt-wire",
-    transport: createOpenAICompatibleTransport({ baseUrl: `${server.url}/v1`, apiKey: OPENAI_KEY }),
-  })
-    .stream(context)
-    .result();
-  const viaAnthropic = await createAnthropicModel({ model: "claude-wire", baseUrl: server.url, apiKey: ANTHROPIC_KEY }).stream(context).result();
+  const [viaOpenAi, viaAnthropic] = await throughCourseAdapters(context);
   for (const result of [viaOpenAi, viaAnthropic]) {
     assert.equal(result.stopReason, "stop", result.errorMessage);
     assert.deepEqual(result.content, [{ type: "text", text: "你好！" }]);
@@ -313,14 +317,7 @@ test("推理文字：Anthropic 的 thinking 块带签名，OpenAI 兼容接口�
 
 test("同一段脚本经课程自己的两个适配器读出：文本、工具参数、用量、结束原因与官方客户端一致", HANG_GUARD, async () => {
   const context = { messages: [userMessage("tool")], tools: [TOOL] };
-  const viaOpenAi = await createOpenAICompatibleModel({
-    provider: "wire",
-    model: "gpt-wire",
-    transport: createOpenAICompatibleTransport({ baseUrl: `${server.url}/v1`, apiKey: OPENAI_KEY }),
-  })
-    .stream(context)
-    .result();
-  const viaAnthropic = await createAnthropicModel({ model: "claude-wire", baseUrl: server.url, apiKey: ANTHROPIC_KEY }).stream(context).result();
+  const [viaOpenAi, viaAnthropic] = await throughCourseAdapters(context);
   for (const message of [viaOpenAi, viaAnthropic]) {
     assert.equal(message.stopReason, "toolUse", message.errorMessage);
     const textBlock = message.content.find((block) => block.type === "text");
