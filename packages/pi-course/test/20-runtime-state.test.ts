@@ -11,6 +11,7 @@ import os from "node:os";
 import { execFile, execFileSync } from "node:child_process";
 import path from "node:path";
 import test from "node:test";
+import { fileURLToPath, pathToFileURL } from "node:url";
 
 import { runAgentLoop } from "../src/agent-loop.js";
 import { ScriptedModel } from "../src/scripted-model.js";
@@ -336,6 +337,18 @@ test("Lab 20.1 · JS 内核：同一个 context 跨单元格保留裸赋值，re
   (copy as { list: number[] }).list.push(3);
   assert.deepEqual(await okValue(kernel, "return list"), [1, 2]);
   assert.equal(await okValue(kernel, "return function named() {}"), "function named() {}");
+
+  // 单元格代码自己看得到的堆栈：每一格是 cell-<第几格>.js，行号从这一格自己的第一行算起（外面那层 async 函数不占行）。
+  const traced = createJavaScriptKernel();
+  assert.equal(await okValue(traced, "return new Error('here').stack.split('\\n')[1].trim()"), "at cell-1.js:1:8");
+  assert.equal(await okValue(traced, "\n\nreturn new Error('here').stack.split('\\n')[1].trim()"), "at cell-2.js:3:8");
+
+  // 带着 signal 正常结束的一格：调用者的 signal 上不留 abort 监听，也不留计时器。
+  const controller = new AbortController();
+  const finished = await expectNoLeaks({ label: "带 signal 正常结束的一格", signals: [controller.signal] }, () =>
+    kernel.execute("return count", { signal: controller.signal }),
+  );
+  assert.deepEqual(finished, { ok: true, value: 2, stdout: "" });
 });
 
 test("Lab 20.1 · 单元格失败是 ok=false 的结果（name 与 message），内核继续可用；await 能用上注入的能力", HANG_GUARD, async () => {
@@ -353,12 +366,15 @@ test("Lab 20.1 · 单元格失败是 ok=false 的结果（name 与 message），
   // 一格代码提前闭合了外面的 async 函数，在同步部分就抛出：那也只是一个结果，不是超时，也不是异常。
   assert.deepEqual(await kernel.execute("}); throw new RangeError('sync'); (async () => {"), { ok: false, stdout: "", error: { name: "RangeError", message: "sync" } });
   assert.deepEqual(await kernel.execute("}); throw null; (async () => {"), { ok: false, stdout: "", error: { message: "null" } });
+  assert.deepEqual(await kernel.execute("}); throw undefined; (async () => {"), { ok: false, stdout: "", error: { message: "undefined" } });
   const missing = await kernel.execute("return notDefinedAnywhere");
   assert.equal(missing.error?.name, "ReferenceError");
   // 不是 Error 的对象：只认字符串的 name 与 message；连 String() 都不行时也有一句消息。
   assert.deepEqual((await kernel.execute("throw { message: 'bare' }")).error, { message: "bare" });
   assert.deepEqual((await kernel.execute("throw { name: 'Odd', message: 42 }")).error, { message: "[object Object]" });
   assert.deepEqual((await kernel.execute("throw Object.create(null)")).error, { message: "[object Object]" });
+  // 抛出的函数不是“带 name 与 message 的对象”：它的 message 属性不算数，消息是 String() 给出的源码。
+  assert.deepEqual((await kernel.execute("throw Object.assign(function boom() {}, { message: '炸了' })")).error, { message: "function boom() {}" });
   assert.equal(await okValue(kernel, "return kept"), "still here");
 
   const lines = await okValue(kernel, "content = await fs.read('data.csv')\nreturn content.trim().split('\\n').length");
@@ -936,6 +952,35 @@ test("Lab 20.3 · 同一条发送通道：并发请求排队一次一个；超�
     assert.equal(await okValue(last, "1 + 1"), 2);
     await last.reset();
   });
+
+  // 带着 signal 正常结束的一格：调用者的 signal 上不留 abort 监听，这一格的计时器也不留下。
+  await withKernel(pythonKernel(), async (kernel) => {
+    assert.equal(await okValue(kernel, "1"), 1);
+    const controller = new AbortController();
+    const done = await expectNoLeaks({ label: "带 signal 正常结束的 python 单元格", signals: [controller.signal] }, () =>
+      kernel.execute("2", { signal: controller.signal }),
+    );
+    assert.deepEqual(done, { ok: true, value: 2, stdout: "" });
+    // 内核退出前 stderr 的最后一行很长：消息只带它的最后 3 999 个字符（宿主只留 stderr 的最后 4 000 个字符）。
+    const loud = await kernel.execute("import os\nos.write(2, b'e' * 5000 + b'Z\\n')\nos._exit(5)");
+    assert.deepEqual(loud, { ok: false, stdout: "", error: { name: "KernelExit", message: `Python 内核已退出（退出码 5）：${"e".repeat(3998)}Z` } });
+  });
+
+  // kernel.py 先在本模块旁边找（直接运行源码时），没有才回到源码树；两处都没有时，消息点名两处。
+  const copy = scratchDir();
+  try {
+    const nested = path.join(copy, "a", "b", "c");
+    fs.mkdirSync(nested, { recursive: true });
+    for (const file of ["python-kernel.js", "code-runtime.js"]) fs.copyFileSync(fileURLToPath(compiledModule(file)), path.join(nested, file));
+    const moved = (await import(pathToFileURL(path.join(nested, "python-kernel.js")).href)) as { kernelProgramPath(): string };
+    const beside = path.join(nested, "kernel.py");
+    const missing = path.join(copy, "src", "code-runtime", "kernel.py");
+    assert.throws(() => moved.kernelProgramPath(), { message: `找不到 Python 内核程序：${beside} 与 ${missing} 都不存在` });
+    fs.writeFileSync(beside, "# 旁边的一份\n");
+    assert.equal(moved.kernelProgramPath(), beside);
+  } finally {
+    fs.rmSync(copy, { recursive: true, force: true });
+  }
 });
 
 // ---------------------------------------------------------------------------
@@ -971,7 +1016,7 @@ test("Lab 20.4 · code_action 先 execute 再 describe：details 带 state，文
   assert.equal(probe.isError, false);
   // 没有输出的一格：结果行、value 行、state 行，没有 stdout 那一段。
   assert.equal(textOf(probe), 'ok\nvalue: {"rows":3}\nstate: alive=true · variables=[total:number]');
-  assert.equal(createCodeActionTool({ runtime: recording }).exposure, undefined, "省略 exposure 即第 15 章的 direct");
+  assert.equal("exposure" in createCodeActionTool({ runtime: recording }), false, "省略 exposure 时工具上没有这个键，即第 15 章的 direct");
   assert.equal(createCodeActionTool({ runtime: recording, exposure: "deferred" }).exposure, "deferred");
   // 工具名是 code_action；默认说明讲清三件事：常驻内核里变量跨调用保留、结果最后一行的 state 列出活着的变量、
   // 已有的变量按名字复用。传入的说明原样使用。

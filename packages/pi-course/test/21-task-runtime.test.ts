@@ -31,7 +31,7 @@ import {
   type TaskSnapshot,
   type TaskState,
 } from "../src/task-runtime/task-state.js";
-import { TaskStore, TaskStoreCorrupt, TaskStoreRejected, formatRecovery, type TaskBatch } from "../src/task-runtime/task-store.js";
+import { TaskStore, TaskStoreCorrupt, TaskStoreRejected, formatRecovery, jsonCopy, type TaskBatch } from "../src/task-runtime/task-store.js";
 import { TaskRecorder, TaskRuntime, idempotencyKey, type TaskRuntimeEvent, type TaskToolContext } from "../src/task-runtime/task-runner.js";
 import { expectNoLeaks } from "../test-support/leak-check.js";
 
@@ -124,6 +124,17 @@ class StallingModel implements Model {
     this.stalled.resolve();
     return stream;
   }
+}
+
+/** 这个进程里指向 target 的文件描述符个数（读 /proc/self/fd 的链接）。 */
+function openFdsTo(target: string): number {
+  return readdirSync("/proc/self/fd").filter((fd) => {
+    try {
+      return readlinkSync(`/proc/self/fd/${fd}`) === target;
+    } catch {
+      return false;
+    }
+  }).length;
 }
 
 /** 一句真正的话：非空白的字符串（而不是 undefined 被 String() 变成的 "undefined"）。 */
@@ -310,6 +321,9 @@ test("Lab 21.2 · 一批一行：状态、事件与快照写在同一行里并�
     t.after(() => spy.restore());
     const store = await TaskStore.open(file);
     assert.deepEqual(spy.calls.splice(0), ["sync"], "新建文件时 sync 一次所在目录，文件名才算落盘");
+    assert.equal(openFdsTo(dir), 0, "sync 目录用的句柄随即关掉");
+    // 打不开的路径（这里是一个目录）：读写与只读打开都以那个系统错误拒绝，不会当成一个空的新存储。
+    for (const options of [{}, { readOnly: true }]) await assert.rejects(TaskStore.open(dir, options), { code: "EISDIR" });
     assert.equal(store.seq, 0);
     assert.deepEqual(store.recovery, { file, batches: 0, tasks: 0, unfinished: 0, tornTail: null, truncated: false });
 
@@ -524,6 +538,12 @@ test("Lab 21.2 · 提交前整批检查：版本不连续、事件接不上迁�
     t.after(() => spy.restore());
     const file = path.join(dir, "tasks.log");
     const store = await TaskStore.open(file);
+    // jsonCopy 交回的是普通的数据：每个属性都可写、可删、可枚举，和 JSON.parse 的结果一样。
+    const copied = jsonCopy({ note: { text: "一" } }) as { note?: { text: string } };
+    assert.deepEqual(Object.getOwnPropertyDescriptor(copied.note, "text"), { value: "一", writable: true, enumerable: true, configurable: true });
+    copied.note!.text = "二";
+    delete copied.note;
+    assert.deepEqual(copied, {});
     const a = createTask({ taskId: "a", input: "一" }, 10);
     await store.commit({ snapshot: a.snapshot, events: [a.event] });
     const size = (await stat(file)).size;
@@ -644,7 +664,7 @@ test("Lab 21.3 · 运行时掌握步骤循环：每次模型调用、每次工�
     const book = new Map<string, string>();
     const { tool, seen } = ledgerTool(book);
     // 有的模型每一轮都从头编号：上一轮的 c2 已经有结果，不等于这一轮的 c2 也有了。
-    const model = new ScriptedModel([
+    const scripted = new ScriptedModel([
       reply([text("先记两笔"), call("c1", "苹果"), call("c2", "梨")], "toolUse", 30),
       reply([text("再记一笔"), call("c2", "桃")], "toolUse", 20),
       reply([text("记完了")], "stop", 5),
@@ -653,6 +673,14 @@ test("Lab 21.3 · 运行时掌握步骤循环：每次模型调用、每次工�
       // order-4：回复里有写不成 JSON 的值（NaN）。
       reply([{ type: "toolCall", id: "c9", name: "ledger", arguments: { entry: Number.NaN }, rawArguments: '{"entry":NaN}' }], "toolUse"),
     ]);
+    // 记下每次交给模型的选项里有哪些键。
+    const optionKeys: string[][] = [];
+    const model: Model = {
+      stream(context, options) {
+        optionKeys.push(Object.keys(options ?? {}));
+        return scripted.stream(context, options);
+      },
+    };
     const events: TaskRuntimeEvent[] = [];
     const runtime = new TaskRuntime({ store, model, tools: [tool], clock: steppingClock(), hooks: { onEvent: (event) => events.push(event) } });
     const submitted = await runtime.submit({ id: "order-1", input: "把三样水果记进账本" });
@@ -668,6 +696,7 @@ test("Lab 21.3 · 运行时掌握步骤循环：每次模型调用、每次工�
       ["1:model:toolUse", "2:tool:order-1#2", "3:tool:order-1#3", "4:model:toolUse", "5:tool:order-1#5", "6:model:stop"],
     );
     assert.equal(done.context.currentStep, 7);
+    assert.deepEqual(optionKeys, [[], [], []], "没有 signal 的 run：交给模型的选项里也没有 signal 这个键");
     assert.deepEqual(seen.map((item) => item.key), ["order-1#2", "order-1#3", "order-1#5"]);
     assert.deepEqual([...book.values()], ["苹果", "梨", "桃"]);
 
@@ -716,7 +745,7 @@ test("Lab 21.3 · 运行时掌握步骤循环：每次模型调用、每次工�
       "每次请求之前报告一次：步骤、消息条数、工具名",
     );
     // 第二次请求看得见第一轮的两条工具结果。
-    assert.deepEqual(model.requests[1]!.messages.map((message) => message.role), ["user", "assistant", "toolResult", "toolResult"]);
+    assert.deepEqual(scripted.requests[1]!.messages.map((message) => message.role), ["user", "assistant", "toolResult", "toolResult"]);
     assert.equal(idempotencyKey("order-1", 2), "order-1#2");
     assert.notEqual(idempotencyKey("order-1", 2), idempotencyKey("order-2", 2));
     assert.notEqual(idempotencyKey("order-1", 2), idempotencyKey("order-1", 3));
@@ -1073,7 +1102,12 @@ test("Lab 21.3 · 恢复：新进程打开同一个文件，未结束的任务�
     assert.equal(second.latest("held")?.version, heldVersion, "paused 的任务一动不动");
     assert.equal(second.latest("done")?.version, doneVersion, "终态的任务一动不动");
     // paused 的任务要显式处理：取消是一次迁移（带上原因）；之后 run 直接交回终态的快照。重名的任务提交不进去。
-    await assert.rejects(runtime.submit({ id: "held", input: "重名" }), /held/);
+    await assert.rejects(runtime.submit({ id: "held", input: "重名" }), (error: unknown) => {
+      // 运行时自己先拒绝：不是把一份版本 1 的快照交给存储、等存储以“版本不连续”拒绝。
+      assert.ok(error instanceof Error && !(error instanceof TaskStoreRejected), `应当是运行时的拒绝，实际是 ${String(error)}`);
+      assert.match(error.message, /held/);
+      return true;
+    });
     const cancelled = await runtime.cancel("held", "用户撤回");
     assert.deepEqual([cancelled.state, second.latest("held")?.version], ["cancelled", heldVersion + 1]);
     assert.deepEqual(second.events("held").at(-1), { taskId: "held", from: "paused", to: "cancelled", event: "cancelled", payload: { reason: "用户撤回" }, at: cancelled.checkpointAt });

@@ -120,9 +120,11 @@ function failure(errorMessage: string): ScriptedTurn {
 function countingTool(
   name: string,
   options: { permission?: Tool["permission"]; fail?: string; hang?: boolean } = {},
-): { tool: Tool<{ q: string }>; runs: string[]; keys: string[] } {
+): { tool: Tool<{ q: string }>; runs: string[]; keys: string[]; reasons: unknown[] } {
   const runs: string[] = [];
   const keys: string[] = [];
+  /** hang 的工具被取消时，它的 signal 带着的 reason。 */
+  const reasons: unknown[] = [];
   const tool: Tool<{ q: string }> = {
     name,
     description: `${name} 工具`,
@@ -135,6 +137,7 @@ function countingTool(
           if (context.signal?.aborted) resolve();
           else context.signal?.addEventListener("abort", () => resolve(), { once: true });
         });
+        reasons.push(context.signal?.reason);
         return { content: [text("被取消")], isError: true };
       }
       if (options.fail !== undefined) throw new Error(options.fail);
@@ -142,7 +145,7 @@ function countingTool(
     },
   };
   if (options.permission !== undefined) tool.permission = options.permission;
-  return { tool, runs, keys };
+  return { tool, runs, keys, reasons };
 }
 
 async function openRuntime(
@@ -471,6 +474,10 @@ test("Lab 22.1 · 格式错误回填原样输出与错误，最多 2 次；参�
     assert.deepEqual([last.role, textOf(last)], ["toolResult", "被取消"], `${id}：工具看见了取消`);
   }
   assert.deepEqual(slow.runs, ["全年", "上半年", "下半年"]);
+  // 到期时工具的 signal 以 “tool timeout” 取消；run 的信号触发时，工具看到的就是那个信号的 reason。
+  assert.equal(slow.reasons.length, 3);
+  assert.ok(slow.reasons[0] instanceof Error && slow.reasons[0].message === "tool timeout", `到期的 reason 是 ${String(slow.reasons[0])}`);
+  assert.deepEqual(slow.reasons.slice(1), [inTool.signal.reason, beforeTool.signal.reason]);
   assert.deepEqual(
     store.events("f6").map((event) => [event.event, event.payload]).at(-1),
     ["needs_human", { reason: "人工复核" }],
@@ -711,6 +718,11 @@ test("Lab 22.3 · 几乎相同的调用：键的顺序、首尾空白、大小�
   assert.equal(similarCalls(a, call("3", "lookup", { city: "Shanghai", days: 3 })), false);
   assert.equal(similarCalls(a, call("4", "forecast", { city: "Beijing", days: 3 })), false);
   assert.equal(similarCalls(a, call("5", "lookup", { city: "Beijing", days: 4 })), false);
+  // 大小写按 toLowerCase 折叠：土耳其语的无点 ı 与 i 是两个字母（Diyarbakır 与 Diyarbakir 不是同一座城），
+  // 德语的 ß 也不等于 ss——按大写折叠的话，这两对都会被当成同一个调用。
+  assert.equal(similarCalls(call("6", "lookup", { city: "Diyarbakır" }), call("7", "lookup", { city: "DIYARBAKIR" })), false);
+  assert.equal(similarCalls(call("6", "lookup", { city: "Diyarbakır" }), call("7", "lookup", { city: "diyarbakır" })), true);
+  assert.equal(similarCalls(call("8", "lookup", { street: "Straße" }), call("9", "lookup", { street: "STRASSE" })), false);
 
   const turn = (id: string, args: unknown, name = "lookup"): AgentMessage => toolTurn([call(id, name, args)]);
   const user = { role: "user" as const, content: [text("天气")], timestamp: 0 };
@@ -1042,6 +1054,21 @@ test("Lab 22.4 · 审计日志：每次迁移、模型请求与回复、工具�
     proto.sync = originalSync;
   }
   assert.deepEqual(order, ["sync", "submitted"], "created 的审计行 sync 之后 submit 才兑现");
+  // fsync: false 打开的日志只写不 sync：行照样写进文件。
+  const unsynced = await AuditLog.open(path.join(dir, "unsynced.jsonl"), { fsync: false });
+  const unsyncedOrder: string[] = [];
+  proto.sync = function (this: unknown) {
+    unsyncedOrder.push("sync");
+    return originalSync.apply(this);
+  };
+  try {
+    await unsynced.append({ kind: "recovered", taskId: "q", at: 0, state: "pending", version: 1 });
+  } finally {
+    proto.sync = originalSync;
+  }
+  await unsynced.close();
+  assert.deepEqual(unsyncedOrder, [], "fsync: false 时 append 不调用 sync");
+  assert.deepEqual((await readAuditLog(unsynced.file)).map((record) => record.kind), ["recovered"]);
   assert.deepEqual((await readAuditLog(file)).map((record) => record.kind === "transition" && record.event), ["created"]);
   await runtime.run("a1");
   await audit.close();

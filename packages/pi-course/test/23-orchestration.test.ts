@@ -5,6 +5,7 @@
 
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
+import { readdirSync, readlinkSync } from "node:fs";
 import { mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
 import os, { tmpdir } from "node:os";
 import path from "node:path";
@@ -1162,6 +1163,19 @@ test("Lab 23.2 · 长期记忆的写入审核：没有证据、证据里找不�
 
     const lines = (await readFile(file, "utf8")).trim().split("\n");
     assert.equal(lines.length, 1, "只有被接受的新事实写进文件");
+    // 每写一行都关掉文件：进程里没有留下指向记忆文件的描述符（读 /proc/self/fd 的链接）。
+    const fdsToFile = readdirSync("/proc/self/fd").filter((fd) => {
+      try {
+        return readlinkSync(`/proc/self/fd/${fd}`) === file;
+      } catch {
+        return false;
+      }
+    });
+    assert.deepEqual(fdsToFile, [], "写完的记忆文件不留打开的句柄");
+    // 对象与属性按 toLowerCase 比较：无点的 ı 与 I 是两个字母，Diyarbakır 与 DIYARBAKIR 不是同一个对象，不算冲突。
+    const known: MemoryFact[] = [{ subject: "Diyarbakır", attribute: "收货城市", value: "上海", evidence: { taskId: "t2", toolCallId: "c9" } }];
+    assert.deepEqual(reviewFact({ ...fact("杭州", { taskId: "t1", toolCallId: "c1" }), subject: "DIYARBAKIR" }, known, lookup), { accepted: true, reason: "new" });
+    assert.equal(reviewFact({ ...fact("杭州", { taskId: "t1", toolCallId: "c1" }), subject: "diyarbakır" }, known, lookup).reason, "conflict");
     assert.deepEqual(JSON.parse(lines[0]!), { fact: fact("杭州", { taskId: "t1", toolCallId: "c1" }), at: 42 });
 
     // 并发的两个相互冲突的提议：排队审核，恰好一个被接受。
@@ -2213,6 +2227,10 @@ test("Lab 23.4 · 执行树：task → model / tool，带有界且脱敏的摘�
     const { file } = await reportScenario(dir);
     const [record] = await readTaskLog(file);
     assert.ok(record !== undefined);
+    // 只读打开：不存在的日志读出来是空的，也不会因此被创建。
+    const absent = path.join(dir, "no-such-log.jsonl");
+    assert.deepEqual(await readTaskLog(absent), []);
+    await assert.rejects(readFile(absent), { code: "ENOENT" }, "读一份不存在的日志不创建它");
     const spans = buildSpanTree(record);
     assert.deepEqual(shape(spans), [
       "task:report:ok:1:-",
