@@ -576,7 +576,6 @@ export function planCompaction(
   });
 }
 
-// >>> 已给出：摘要请求的提示词与回复的解析（写提示词不是本章的练习）
 const SUMMARY_FIELDS = ["goal", "constraints", "completed", "decisions", "changedFiles", "unresolved", "next"] as const;
 
 const SUMMARY_INSTRUCTIONS = [
@@ -638,7 +637,6 @@ export function parseCompactionSummary(reply: string): CompactionSummary | undef
   for (const key of SUMMARY_FIELDS) if (key !== "goal") summary[key] = strings(fields[key]);
   return summary;
 }
-// <<< 已给出
 
 /** 一次压缩的结局；compacted 时也作为 {"type":"compaction"} 事件交给订阅者。 */
 export interface CompactionEvent {
