@@ -18,6 +18,7 @@ import {
   toAnthropicTools,
 } from "../src/cli/anthropic.js";
 import { encodeCwd } from "../src/cli/main.js";
+import { buildContext } from "../src/context.js";
 import {
   createModel,
   keyFilePath,
@@ -629,7 +630,11 @@ async function workspace(t: TestContext, url: string): Promise<{ home: string; r
           api: "openai-completions",
           baseUrl: `${url}/v1`,
           apiKeyEnv: "LOOP_API_KEY",
-          models: [{ id: "loop-1", contextWindow: 64_000, maxTokens: 4_000 }],
+          // loop-small 只有 800 的窗口：Lab 24.3 用它让一段会话超过压缩的阈值（800 − 200 − 40 = 560）。
+          models: [
+            { id: "loop-1", contextWindow: 64_000, maxTokens: 4_000 },
+            { id: "loop-small", contextWindow: 800, maxTokens: 200 },
+          ],
         },
       },
       default: { provider: "loop", model: "loop-1" },
@@ -752,8 +757,30 @@ async function withServer(
   return server;
 }
 
-test("Lab 24.3 · 端到端：真 git 仓库里模型读文件、改文件、用 bash 跑测试并回答；文件修好，会话落盘，--continue 把整段历史发回模型", async (t) => {
-  const server = await withServer(t, replySequence(...FIX_SCRIPT, { text: "我把 sum.js 的 a - b 改成了 a + b。" }));
+/** 压缩时模型交回的摘要：第 11 章的七个栏目。 */
+const SUMMARY_REPLY = {
+  goal: "让仓库里 sum 的测试通过",
+  constraints: ["只改 sum.js"],
+  completed: ["sum 的减号改成了加号，node --test 通过"],
+  decisions: ["用 edit 精确替换那一行"],
+  changedFiles: ["sum.js"],
+  unresolved: [],
+  next: ["回答用户的追问"],
+};
+
+/** 与 main.ts 的 contextBudget 同一个粗估：四个字符约一个 token。 */
+const estimateTokens = (value: unknown): number => Math.ceil((typeof value === "string" ? value : JSON.stringify(value)).length / 4);
+
+test("Lab 24.3 · 端到端：真 git 仓库里模型读文件、改文件、用 bash 跑测试并回答；文件修好，会话落盘，--continue 把整段历史发回模型；换成小窗口的模型时先压缩，下一次请求只带摘要与最新一轮", async (t) => {
+  const server = await withServer(
+    t,
+    replySequence(
+      ...FIX_SCRIPT,
+      { text: "我把 sum.js 的 a - b 改成了 a + b。" },
+      { text: JSON.stringify(SUMMARY_REPLY) },
+      { text: "没有别的要改了。" },
+    ),
+  );
   const { home, repo } = await workspace(t, server.url);
   assert.equal(repoTestsPass(repo, home), false, "夹具：一开始测试应当失败");
 
@@ -791,6 +818,46 @@ test("Lab 24.3 · 端到端：真 git 仓库里模型读文件、改文件、用
   const audit = await readFile(path.join(home, ".pi-course", "audit", `${/_([^_]+)\.jsonl$/.exec(files[0]!)![1]}.jsonl`), "utf8");
   const decisions = audit.trim().split("\n").map((line) => JSON.parse(line));
   assert.deepEqual(decisions.map((record) => [record.tool, record.decision]), [["read", "read"], ["edit", "confirmed"], ["bash", "confirmed"]]);
+
+  // 第 11 章的压缩：换成窗口 800 的 loop-small 接着问。这段会话的估计已经超过阈值 560，命令行在提示之前
+  // 请同一个模型写摘要、追加一条 compaction entry，再从会话重建 Runtime，这次提示只带着摘要与最新的一轮。
+  const before = await readEntries(files[0]!);
+  const small = await runPi(["-c", "-p", "--model", "loop-small", "还有别的要改吗？"], repo, childEnv(home));
+  assert.equal(small.code, 0, `压缩之后的提示：${small.stderr}`);
+  assert.match(small.stdout, /没有别的要改了/);
+  const notes = small.stderr.trim().split("\n");
+  assert.equal(notes.length, 1, `压缩只说一行：${small.stderr}`);
+  const line = /^已压缩会话：估计 (\d+) 个 token，超过了阈值 560（窗口 800）；(\d+) 条记录写成摘要，保留最新一轮的 (\d+) 条。$/.exec(notes[0]!);
+  assert.ok(line !== null, `压缩的那一行要说出估计、阈值、窗口与条数：${notes[0]}`);
+  // 同一把尺子：估计就是第 11 章投影算出的整段上下文；超过阈值时，投影本来就要丢掉最早的交互。
+  const whole = buildContext(before, { maxTokens: Number.MAX_SAFE_INTEGER, reservedOutput: 0, safetyMargin: 0, estimateTokens });
+  assert.equal(Number(line[1]), whole.tokens.total);
+  assert.equal(buildContext(before, { maxTokens: 800, reservedOutput: 200, safetyMargin: 40, estimateTokens }).reason, "trimmed");
+  assert.deepEqual([line[2], line[3]], ["8", "2"], "第一轮的 8 条写成摘要，保留“你改了什么？”那一轮的 2 条");
+
+  const after = await readEntries(files[0]!);
+  assert.deepEqual(after.slice(0, before.length), before, "压缩只追加，已有的行一字不改");
+  const compaction = after[before.length];
+  const question = before.find((entry) => entry.type === "message" && JSON.stringify(entry.message.content).includes("你改了什么"));
+  assert.equal(compaction.type, "compaction");
+  assert.equal(compaction.parentId, before[before.length - 1].id);
+  assert.equal(compaction.firstKeptEntryId, question.id, "保留的起点是最新一轮的 user 消息");
+  assert.equal(compaction.tokensBefore, Number(line[1]));
+  assert.deepEqual(compaction.summary, SUMMARY_REPLY);
+  assert.equal(after[before.length + 1].parentId, compaction.id, "之后的消息接在 compaction 下面");
+  assert.equal(buildContext(after, { maxTokens: 800, reservedOutput: 200, safetyMargin: 40, estimateTokens }).reason, "within_budget");
+
+  assert.equal(server.requests.length, 7, "一次摘要请求、一次提示：提示之后不再压缩");
+  const summaryRequest = server.requests[5]!;
+  assert.equal(summaryRequest.body.tools, undefined, "摘要请求不给工具");
+  assert.match(wireText(summaryRequest), /changedFiles/);
+  assert.match(wireText(summaryRequest), /a - b/, "被压缩的那一轮（read 的结果）写进摘要请求");
+  assert.equal(wireText(summaryRequest).includes("你改了什么"), false, "保留的一轮不进摘要请求");
+  const next = server.requests[6]!.body.messages as Array<{ role: string }>;
+  assert.deepEqual(next.filter((message) => message.role !== "system").map((message) => message.role), ["user", "user", "assistant", "user"]);
+  const nextText = wireText(server.requests[6]!);
+  assert.match(nextText, /会话压缩摘要[\s\S]*让仓库里 sum 的测试通过[\s\S]*你改了什么[\s\S]*还有别的要改吗/);
+  assert.equal(nextText.includes("pass 1") || nextText.includes("修好 sum.js，让测试通过"), false, "被摘要的那一轮不再发给模型");
 });
 
 test("Lab 24.3 · 流到一半收到 SIGINT：退出码 130，会话完整可读，--continue 接着这段历史再问", async (t) => {
@@ -1037,8 +1104,16 @@ test("Lab 24.4 · 终端里：文本流式打印，每次工具调用与结果�
   assert.equal(wireText(server.requests[1]!).includes("别的文件别动"), false, "steering 消息不能早于它被敲下的时刻");
 });
 
-test("Lab 24.4 · Ctrl-C 中断这一轮且会话保存，连按两次退出（130）；/session 说明会话，/new 换新文件", async (t) => {
-  const server = await withServer(t, replySequence({ text: ["从前有座山，", "山里有座庙"], hold: true }));
+test("Lab 24.4 · Ctrl-C 中断这一轮且会话保存，连按两次退出（130）；/session 说明会话，/compact 太短时只说一行、够长时写下压缩，/new 换新文件", async (t) => {
+  const server = await withServer(
+    t,
+    replySequence(
+      { text: ["从前有座山，", "山里有座庙"], hold: true },
+      { text: "从前有个人。" },
+      { error: { status: 500, message: "summary backend down" } },
+      { text: "用户想听故事：长的那次被 Ctrl-C 打断了，短的已经讲完。" },
+    ),
+  );
   const { home, repo } = await workspace(t, server.url);
   const terminal = startTerminal([], repo, childEnv(home));
   t.after(() => terminal.finished.catch(() => undefined));
@@ -1056,6 +1131,37 @@ test("Lab 24.4 · Ctrl-C 中断这一轮且会话保存，连按两次退出（1
   assert.ok(first !== undefined);
   const saved = (await readEntries(first)).filter((entry) => entry.type === "message").map((entry) => entry.message);
   assert.deepEqual(saved.filter((m) => m.role !== "system").map((m) => [m.role, m.stopReason ?? null]), [["user", null], ["assistant", "aborted"]]);
+
+  // /compact：还没有一轮完整的对话——一行说明，什么也不写，也不请求模型。
+  const untouched = await readFile(first, "utf8");
+  terminal.type("/compact\r");
+  await terminal.waitFor(/不用压缩：只有 0 轮完整的对话.*窗口 64000/, "/compact 太短时的说明");
+  assert.equal(await readFile(first, "utf8"), untouched);
+  assert.equal(server.requests.length, 1);
+  terminal.type("换个短的\r");
+  await terminal.waitFor(/从前有个人。\n+> /, "这一轮结束、重新出现提示符");
+  // 摘要请求失败：一行说明，会话不变；再来一次，回复不是 JSON，整段文字成为摘要的 goal。
+  const oneRound = await readFile(first, "utf8");
+  terminal.type("/compact\r");
+  await terminal.waitFor(/没有压缩：摘要请求失败（.*500.*），会话没有改动/, "摘要请求失败的说明");
+  assert.equal(await readFile(first, "utf8"), oneRound);
+  terminal.type("/compact\r");
+  await terminal.waitFor(/已压缩会话：估计 \d+ 个 token（阈值 56800，窗口 64000）；2 条记录写成摘要，保留最新一轮的 2 条。/, "/compact 写下压缩");
+  const compacted = await readEntries(first);
+  const entry = compacted[compacted.length - 1];
+  assert.equal(entry.type, "compaction");
+  assert.equal(entry.firstKeptEntryId, compacted.find((e) => e.type === "message" && JSON.stringify(e.message.content).includes("换个短的")).id);
+  assert.deepEqual(entry.summary, {
+    goal: "用户想听故事：长的那次被 Ctrl-C 打断了，短的已经讲完。",
+    constraints: [],
+    completed: [],
+    decisions: [],
+    changedFiles: [],
+    unresolved: [],
+    next: [],
+  });
+  assert.equal(server.requests[3]!.body.tools, undefined);
+  assert.match(wireText(server.requests[3]!), /讲个很长的故事/);
 
   terminal.type("/new\r");
   await terminal.waitFor(/新会话：\S+\.jsonl/, "/new 的说明");

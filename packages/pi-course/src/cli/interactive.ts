@@ -4,17 +4,26 @@
 // - 模型的文本边到边打印；每次工具调用一行（● 工具 参数摘要），每个结果一行（↳ 完成/失败 …）；
 // - agent 工作时敲下的一行是 steering 消息（第 09 章）：它在下一次模型请求之前进入 transcript；
 // - Ctrl-C 中断这一轮（会话照样落盘），紧接着的第二次 Ctrl-C 退出，退出码 130；
-// - /new 换一个新会话，/session 说明当前会话，/exit 退出；
+// - /new 换一个新会话，/session 说明当前会话，/compact 现在就压缩（第 11 章的摘要 + 最新一轮），/exit 退出；
+//   每条提示之前、每轮正常结束之后，会话超过阈值时自动压缩（main.ts 的 PiSession.compact）；
 // - write / edit / bash 执行之前用 prompts 问一次（只有“允许 / 拒绝”，第 22 章的 delete 从不提供）。
 import readline from "node:readline";
 
 import prompts from "prompts";
 
-import type { AgentEvent } from "../agent.js";
 import type { AgentRunResult } from "../agent-loop.js";
 import type { ConfirmRequest } from "../guardrails/permissions.js";
 import { textOf, type ToolCall } from "../types.js";
-import { oneLine, type CliEnvironment, type Pi, type PiSession } from "./main.js";
+import {
+  compactionLine,
+  compactionSkippedLine,
+  oneLine,
+  type CliEnvironment,
+  type CompactionTrigger,
+  type Pi,
+  type PiSession,
+  type PiSessionEvent,
+} from "./main.js";
 
 /** 工具调用的一行摘要：文件工具给路径，bash 给命令的第一行，其余给参数的 JSON。 */
 export function describeCall(call: Pick<ToolCall, "name" | "arguments">): string {
@@ -24,7 +33,7 @@ export function describeCall(call: Pick<ToolCall, "name" | "arguments">): string
   return `${call.name} ${detail.length > 100 ? `${detail.slice(0, 100)}…` : detail}`;
 }
 
-export const HELP_LINE = "输入提示词回车发送；agent 工作时输入的一行会插进这一轮。/new 新会话，/session 当前会话，/exit 退出；Ctrl-C 中断，连按两次退出。";
+export const HELP_LINE = "输入提示词回车发送；agent 工作时输入的一行会插进这一轮。/new 新会话，/session 当前会话，/compact 压缩会话，/exit 退出；Ctrl-C 中断，连按两次退出。";
 
 export async function runInteractive(pi: Pi, environment: CliEnvironment, initialPrompt: string): Promise<number> {
   const out = environment.stdout;
@@ -34,6 +43,8 @@ export async function runInteractive(pi: Pi, environment: CliEnvironment, initia
   );
 
   let running: Promise<void> | undefined;
+  /** 这一轮（或 /compact）里摘要请求的取消开关：Ctrl-C 与退出时和 abort() 一起拉下。 */
+  let compaction: AbortController | undefined;
   let midLine = false;
   let interrupts = 0;
   let confirming = false;
@@ -49,7 +60,11 @@ export async function runInteractive(pi: Pi, environment: CliEnvironment, initia
     out.write(`${line}\n`);
   };
 
-  const render = (event: AgentEvent): void => {
+  const render = (event: PiSessionEvent): void => {
+    if (event.type === "compaction") {
+      print(compactionLine(event));
+      return;
+    }
     if (event.type !== "loop") return;
     const loop = event.event;
     if (loop.type === "model_event" && loop.event.type === "text_delta") {
@@ -63,7 +78,7 @@ export async function runInteractive(pi: Pi, environment: CliEnvironment, initia
       print(`  ↳ ${verdict}${first === "" ? "" : `：${first.length > 100 ? `${first.slice(0, 100)}…` : first}`}`);
     }
   };
-  let unsubscribe = session.runtime.control.subscribe(render);
+  let unsubscribe = session.subscribe(render);
 
   // readline 与 prompts 不能同时读终端：确认时先关掉 readline，问完再开一个新的。
   let rl: readline.Interface;
@@ -90,15 +105,40 @@ export async function runInteractive(pi: Pi, environment: CliEnvironment, initia
     else if (midLine) print("");
   };
 
-  const startRun = (value: string): void => {
+  const failure = (error: unknown): void => print(`错误：${oneLine(error instanceof Error ? error.message : String(error))}`);
+
+  /** 压缩一次：成功的那一行由订阅打印；auto 只在摘要请求失败时说一行，manual 总要说明结果。 */
+  const compact = async (trigger: CompactionTrigger, signal: AbortSignal): Promise<void> => {
+    const outcome = await session.compact(trigger, signal);
+    if (outcome.status === "compacted" || (outcome.status === "failed" && outcome.reason === "aborted" && trigger === "auto")) return;
+    if (trigger === "manual" || outcome.status === "failed") print(compactionSkippedLine(outcome));
+  };
+
+  /** running 覆盖整件事（压缩 + 这一轮 + 压缩）：期间敲下的行按 steering 处理，命令要等它结束。 */
+  const occupy = (work: (signal: AbortSignal) => Promise<void>): void => {
     interrupts = 0;
-    running = session.runtime
-      .prompt(value)
-      .then(finishRun, (error: unknown) => print(`错误：${oneLine(error instanceof Error ? error.message : String(error))}`))
+    const controller = new AbortController();
+    compaction = controller;
+    running = work(controller.signal)
+      .catch(failure)
       .finally(() => {
         running = undefined;
+        compaction = undefined;
         showPrompt();
       });
+  };
+
+  const startRun = (value: string): void => {
+    occupy(async (signal) => {
+      await compact("auto", signal);
+      if (signal.aborted) {
+        print("（已中断；这条提示词没有发出）");
+        return;
+      }
+      const result = await session.runtime.prompt(value);
+      finishRun(result);
+      if (result.reason !== "aborted" && result.reason !== "error" && !signal.aborted) await compact("auto", signal);
+    });
   };
 
   async function onLine(raw: string): Promise<void> {
@@ -131,11 +171,15 @@ export async function runInteractive(pi: Pi, environment: CliEnvironment, initia
       showPrompt();
       return;
     }
+    if (line === "/compact") {
+      occupy((signal) => compact("manual", signal));
+      return;
+    }
     if (line === "/new") {
       unsubscribe();
       await session.close();
       session = await pi.openSession("new");
-      unsubscribe = session.runtime.control.subscribe(render);
+      unsubscribe = session.subscribe(render);
       print(`新会话：${session.file ?? "不保存（--no-session）"}`);
       showPrompt();
       return;
@@ -155,6 +199,7 @@ export async function runInteractive(pi: Pi, environment: CliEnvironment, initia
       return;
     }
     if (running !== undefined) {
+      compaction?.abort();
       session.runtime.control.abort();
       print("已中断这一轮（再按一次 Ctrl-C 退出）");
     } else {
@@ -167,6 +212,7 @@ export async function runInteractive(pi: Pi, environment: CliEnvironment, initia
     if (finished) return;
     finished = true;
     if (running !== undefined) {
+      compaction?.abort();
       session.runtime.control.abort();
       await running.catch(() => undefined);
     }

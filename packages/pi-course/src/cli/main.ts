@@ -4,7 +4,8 @@
 //   参数        → 选模型（24.2 的 models.ts）、选会话文件、选工具；
 //   第 08 章    read / write / edit / bash，工作目录就是 --cwd；
 //   第 10 章    JSONL 会话，放在 <home>/.pi-course/sessions/<编码后的工作目录>/<时间>_<id>.jsonl；
-//   第 11 章    每次请求按模型的 contextWindow 与 maxTokens 投影上下文；
+//   第 11 章    每次请求按模型的 contextWindow 与 maxTokens 投影上下文；估计的上下文超过投影开始丢历史的那一点时，
+//               请同一个模型写一份摘要，追加一条 compaction entry（每次提示之前、正常结束之后，以及交互里的 /compact）；
 //   第 12 章    AGENTS.md 总是读；项目里的 models.json、skills、extensions 只在信任名单里的目录才加载；
 //   第 13 章    唯一的 Runtime 与 runMode；
 //   第 15/17 章 配置的 MCP 服务器（项目级的同样要信任），工具以 deferred 注册，由 tool_search 按需激活；
@@ -18,6 +19,7 @@ import { pathToFileURL } from "node:url";
 
 import { createCodingTools } from "../coding-tools.js";
 import { createRuntime, runMode, type ContextBudget, type Runtime } from "../composition.js";
+import { buildContext, createCompactionEntry, groupInteractions, type InteractionGroup } from "../context.js";
 import type { AgentEvent } from "../agent.js";
 import type { AgentRunResult } from "../agent-loop.js";
 import {
@@ -41,10 +43,27 @@ import {
   type ExtensionHost,
   type ResourceCatalog,
 } from "../resources.js";
-import { InMemorySessionStore, JsonlSessionStore, type SessionStore } from "../session.js";
+import {
+  InMemorySessionStore,
+  JsonlSessionStore,
+  pathTo,
+  type CompactionSummary,
+  type MessageSessionEntry,
+  type SessionEntry,
+  type SessionStore,
+} from "../session.js";
 import { createToolSearchTool } from "../tool-search.js";
 import { objectSchema, stringValue, ToolRegistry, type Tool } from "../tool.js";
-import { text, type AgentMessage, type Model, type ToolResultMessage } from "../types.js";
+import {
+  text,
+  textOf,
+  type AgentContext,
+  type AgentMessage,
+  type AssistantMessage,
+  type Model,
+  type ToolCall,
+  type ToolResultMessage,
+} from "../types.js";
 import {
   createModel,
   listModels,
@@ -470,16 +489,211 @@ function permissionGate(inner: ExtensionHost | undefined, options: GateOptions):
 }
 
 // ---------------------------------------------------------------------------
+// 第 11 章的压缩：命令行真的写下一条 compaction entry
+// ---------------------------------------------------------------------------
+
+/**
+ * 压缩的阈值：窗口 − 预留输出 − 余量。第 11 章的 buildContext 给对话留的正是这么多（再减去 system 自己），
+ * 所以“估计的上下文超过阈值”与“投影开始丢最早的交互”是同一件事。
+ */
+export function compactionThreshold(budget: ContextBudget): number {
+  return Math.max(0, budget.total - budget.reservedOutput - budget.safetyMargin);
+}
+
+export type CompactionTrigger = "auto" | "manual";
+
+export interface CompactionPlan {
+  /** 不压缩时的原因：auto 时没超过阈值（below_threshold），或者没有一轮可以写成摘要（too_short）。 */
+  skip?: "below_threshold" | "too_short";
+  /** 这时发一次请求会带上的估计 token：重放的 system、上一份摘要与全部未压缩的对话（不含预留输出与余量）。 */
+  tokensBefore: number;
+  threshold: number;
+  window: number;
+  /** 上一条 compaction 之后（或从头起）完整的轮数。 */
+  rounds: number;
+  /** 要写进摘要的 message entry：上一次保留的起点到新起点之前（system 不算，它总是从整条路径重放）。 */
+  summarized: MessageSessionEntry[];
+  /** 原样保留的 message entry：最新一轮完整的交互，以及它之后的一切。 */
+  kept: MessageSessionEntry[];
+  /** 保留的第一条：那一轮的 user 消息。 */
+  firstKeptEntryId?: string;
+  /** 路径上已有的最新摘要：新的摘要要把它也并进去。 */
+  previous?: CompactionSummary;
+}
+
+/** 一轮以 stop / length 的 assistant 结尾才算完整；中断、出错、还在等工具的都不算。 */
+function completeRound(group: InteractionGroup): boolean {
+  const last = group.entries[group.entries.length - 1]?.message;
+  return last?.role === "assistant" && (last.stopReason === "stop" || last.stopReason === "length");
+}
+
+/** Lab 24.3：在 active path 上决定要不要压缩、从哪里起保留。只读，不写任何东西。 */
+export function planCompaction(
+  activePath: readonly SessionEntry[],
+  budget: ContextBudget,
+  trigger: CompactionTrigger,
+): CompactionPlan {
+  // 估计用的就是第 11 章的投影：窗口足够大时它什么都不丢，tokens.total 就是整段上下文。
+  const whole = buildContext(activePath, {
+    maxTokens: Number.MAX_SAFE_INTEGER,
+    reservedOutput: 0,
+    safetyMargin: 0,
+    estimateTokens: budget.estimateTokens,
+  });
+  const base = { tokensBefore: whole.tokens.total, threshold: compactionThreshold(budget), window: budget.total };
+
+  // 上一次压缩之后的部分才是候选；它的摘要要并进新的摘要。
+  let start = 0;
+  let previous: CompactionSummary | undefined;
+  for (let index = activePath.length - 1; index >= 0; index -= 1) {
+    const entry = activePath[index]!;
+    if (entry.type !== "compaction") continue;
+    previous = entry.summary;
+    start = Math.max(0, activePath.findIndex((candidate) => candidate.id === entry.firstKeptEntryId));
+    break;
+  }
+  const candidates = activePath.slice(start).filter((entry): entry is MessageSessionEntry => entry.type === "message");
+  const groups = groupInteractions(candidates);
+  const rounds = groups.filter(completeRound).length;
+  const plan = (fields: Partial<CompactionPlan>): CompactionPlan => ({
+    ...base,
+    rounds,
+    summarized: [],
+    kept: [],
+    ...(previous === undefined ? {} : { previous }),
+    ...fields,
+  });
+
+  let keepFrom = groups.length - 1;
+  while (keepFrom >= 0 && !completeRound(groups[keepFrom]!)) keepFrom -= 1;
+  if (keepFrom <= 0) return plan({ skip: "too_short" });
+  if (trigger === "auto" && base.tokensBefore <= base.threshold) return plan({ skip: "below_threshold" });
+  const kept = groups.slice(keepFrom).flatMap((group) => group.entries);
+  return plan({
+    summarized: groups.slice(0, keepFrom).flatMap((group) => group.entries),
+    kept,
+    firstKeptEntryId: kept[0]!.id,
+  });
+}
+
+const SUMMARY_FIELDS = ["goal", "constraints", "completed", "decisions", "changedFiles", "unresolved", "next"] as const;
+
+const SUMMARY_INSTRUCTIONS = [
+  "You compact a coding agent's conversation so that it can continue with less context.",
+  "Reply with ONE JSON object and nothing else, with exactly these keys:",
+  '{"goal": string, "constraints": string[], "completed": string[], "decisions": string[], "changedFiles": string[], "unresolved": string[], "next": string[]}',
+  "goal: what the user wants overall. constraints: rules the user gave. completed: what is done. decisions: choices made and why.",
+  "changedFiles: paths written or edited. unresolved: open problems. next: the next concrete steps.",
+  "If an earlier summary is given, merge it in; keep file paths, commands and error messages exact.",
+].join("\n");
+
+function clip(value: string, limit: number): string {
+  return value.length > limit ? `${value.slice(0, limit)}…（截断）` : value;
+}
+
+function transcriptLine(message: AgentMessage): string {
+  if (message.role === "assistant") {
+    const calls = message.content
+      .filter((block): block is ToolCall => block.type === "toolCall")
+      .map((call) => `${call.name} ${clip(JSON.stringify(call.arguments) ?? "", 300)}`);
+    const said = textOf(message);
+    return [`[assistant] ${clip(said, 1_500)}`, ...calls.map((call) => `[tool call] ${call}`)].join("\n");
+  }
+  if (message.role === "toolResult") return `[tool result ${message.toolName}${message.isError ? " error" : ""}] ${clip(textOf(message), 800)}`;
+  return `[${message.role}] ${clip(textOf(message), 1_500)}`;
+}
+
+/** 摘要请求：同一个模型、不给工具；旧摘要（有的话）与要压缩的那几轮写成一条 user 消息。 */
+export function summaryRequest(plan: CompactionPlan): AgentContext {
+  const parts: string[] = [];
+  if (plan.previous !== undefined) parts.push(`Earlier summary:\n${JSON.stringify(plan.previous)}`);
+  parts.push(`Conversation to summarise:\n${plan.summarized.map((entry) => transcriptLine(entry.message)).join("\n")}`);
+  return {
+    messages: [
+      { role: "system", content: SUMMARY_INSTRUCTIONS, timestamp: 0 },
+      { role: "user", content: [text(parts.join("\n\n"))], timestamp: 0 },
+    ],
+  };
+}
+
+function strings(value: unknown): string[] {
+  return Array.isArray(value) ? value.filter((item): item is string => typeof item === "string" && item.trim() !== "") : [];
+}
+
+/** 模型的回复 → 第 11 章的七栏摘要。不是合法 JSON（或没有 goal）时整段文字放进 goal；空回复是 undefined。 */
+export function parseCompactionSummary(reply: string): CompactionSummary | undefined {
+  const trimmed = reply.trim();
+  if (trimmed === "") return undefined;
+  const body = trimmed.replace(/^```(?:json)?\s*/i, "").replace(/\s*```$/, "");
+  let value: unknown;
+  try {
+    value = JSON.parse(body.slice(body.indexOf("{"), body.lastIndexOf("}") + 1));
+  } catch {
+    value = undefined;
+  }
+  const fields = isRecord(value) ? value : {};
+  const goal = typeof fields.goal === "string" && fields.goal.trim() !== "" ? fields.goal.trim() : trimmed;
+  const summary = { goal } as CompactionSummary;
+  for (const key of SUMMARY_FIELDS) if (key !== "goal") summary[key] = strings(fields[key]);
+  return summary;
+}
+
+/** 一次压缩的结局；compacted 时也作为 {"type":"compaction"} 事件交给订阅者。 */
+export interface CompactionEvent {
+  type: "compaction";
+  trigger: CompactionTrigger;
+  entryId: string;
+  firstKeptEntryId: string;
+  tokensBefore: number;
+  threshold: number;
+  window: number;
+  summarized: number;
+  kept: number;
+}
+
+export type CompactionOutcome =
+  | { status: "compacted"; event: CompactionEvent }
+  | { status: "skipped"; plan: CompactionPlan }
+  | { status: "failed"; plan: CompactionPlan; reason: "aborted" | "error"; message: string };
+
+/** 压缩成功时的一行（text 模式写到 stderr，交互模式打印在终端里）。 */
+export function compactionLine(event: CompactionEvent): string {
+  const over = event.trigger === "auto" ? `，超过了阈值 ${event.threshold}（窗口 ${event.window}）` : `（阈值 ${event.threshold}，窗口 ${event.window}）`;
+  return `已压缩会话：估计 ${event.tokensBefore} 个 token${over}；${event.summarized} 条记录写成摘要，保留最新一轮的 ${event.kept} 条。`;
+}
+
+/** 没有压缩时的一行：不用压缩，或者摘要请求失败（会话没有改动）。 */
+export function compactionSkippedLine(outcome: Exclude<CompactionOutcome, { status: "compacted" }>): string {
+  const { plan } = outcome;
+  const numbers = `估计 ${plan.tokensBefore} 个 token，阈值 ${plan.threshold}，窗口 ${plan.window}`;
+  if (outcome.status === "failed") {
+    return `没有压缩：摘要请求${outcome.reason === "aborted" ? "被中断" : `失败（${outcome.message}）`}，会话没有改动（${numbers}）。`;
+  }
+  if (plan.skip === "too_short") return `不用压缩：只有 ${plan.rounds} 轮完整的对话，没有可以写成摘要的历史（${numbers}）。`;
+  return `不用压缩：${numbers}，还没到阈值。`;
+}
+
+// ---------------------------------------------------------------------------
 // 组装：一次调用只组装一次，会话可以换（/new）
 // ---------------------------------------------------------------------------
 
 export type Confirmer = (request: ConfirmRequest) => Promise<boolean>;
 
+/** PiSession 交给订阅者的事件：Runtime 的 AgentEvent（跨过压缩后的重建），以及每次写下的压缩。 */
+export type PiSessionEvent = AgentEvent | CompactionEvent;
+
 export interface PiSession {
+  /** 当前的 Runtime：压缩之后换成从会话重新恢复的那一个，所以每次用时都从这里取。 */
   readonly runtime: Runtime;
   readonly id: string;
   /** --no-session 时 undefined。 */
   readonly file: string | undefined;
+  subscribe(listener: (event: PiSessionEvent) => void): () => void;
+  /**
+   * 等 agent 空闲，按 planCompaction 决定要不要压缩；要压缩就请同一个模型（不给工具）写摘要，
+   * 追加一条 compaction entry，再从会话重建 Runtime。摘要请求失败或被中断时会话原样不动。
+   */
+  compact(trigger: CompactionTrigger, signal?: AbortSignal): Promise<CompactionOutcome>;
   close(): Promise<void>;
 }
 
@@ -630,29 +844,102 @@ export async function composePi(input: ComposeOptions): Promise<Pi> {
       audit = await AuditLog.open(path.join(auditDir, `${id}.jsonl`));
     }
     current = { id, audit };
-    const runtime = await createRuntime(
-      {
-        activeLeafId: entries.length === 0 ? null : entries[entries.length - 1]!.id,
-        systemPrompt: SYSTEM_PROMPT(cwd),
-        context: contextBudget(spec),
-      },
-      {
-        model,
-        tools,
-        session: store,
-        resources: catalog,
-        extensionHost: gate,
-        ...(mcp === undefined ? {} : { sectionProviders: [mcp] }),
-        createId: () => randomUUID().slice(0, 8),
-        now: () => now().getTime(),
-      },
-    );
+    const budget = contextBudget(spec);
+    const createId = () => randomUUID().slice(0, 8);
+    const restore = (activeLeafId: string | null): Promise<Runtime> =>
+      createRuntime(
+        { activeLeafId, systemPrompt: SYSTEM_PROMPT(cwd), context: budget },
+        {
+          model,
+          tools,
+          session: store,
+          resources: catalog,
+          extensionHost: gate,
+          ...(mcp === undefined ? {} : { sectionProviders: [mcp] }),
+          createId,
+          now: () => now().getTime(),
+        },
+      );
+    let runtime = await restore(entries.length === 0 ? null : entries[entries.length - 1]!.id);
+
+    // 订阅者挂在 PiSession 上：换 Runtime 时只把转发从旧的挪到新的。
+    const listeners = new Set<(event: PiSessionEvent) => void>();
+    const emit = (event: PiSessionEvent): void => {
+      for (const listener of [...listeners]) listener(event);
+    };
+    let detach = runtime.control.subscribe(emit);
+
+    const compactNow = async (trigger: CompactionTrigger, signal?: AbortSignal): Promise<CompactionOutcome> => {
+      await runtime.flush();
+      const leaf = runtime.getActiveLeafId();
+      const activePath = leaf === null ? [] : pathTo(await store.entries(), leaf);
+      const plan = planCompaction(activePath, budget, trigger);
+      if (plan.skip !== undefined || plan.firstKeptEntryId === undefined) return { status: "skipped", plan };
+      const failed = (reason: "aborted" | "error", message: string): CompactionOutcome => ({ status: "failed", plan, reason, message });
+      if (signal?.aborted) return failed("aborted", "");
+      let reply: AssistantMessage;
+      try {
+        reply = await model.stream(summaryRequest(plan), signal === undefined ? {} : { signal }).result();
+      } catch (error) {
+        return failed("error", oneLine(errorText(error), input.secrets));
+      }
+      if (reply.stopReason === "aborted" || signal?.aborted) return failed("aborted", "");
+      if (reply.stopReason === "error") return failed("error", oneLine(reply.errorMessage ?? "", input.secrets));
+      const summary = parseCompactionSummary(textOf(reply));
+      if (summary === undefined) return failed("error", "模型的回复是空的");
+      const entry = createCompactionEntry(activePath, {
+        id: createId(),
+        timestamp: now().getTime(),
+        summary,
+        firstKeptEntryId: plan.firstKeptEntryId,
+        tokensBefore: plan.tokensBefore,
+      });
+      await store.append(entry);
+      // 下一次请求从会话恢复：第 11 章的投影看到 compaction，就从摘要与保留的那一轮开始。
+      const next = await restore(entry.id);
+      detach();
+      await runtime.dispose().catch(() => undefined);
+      runtime = next;
+      detach = runtime.control.subscribe(emit);
+      const event: CompactionEvent = {
+        type: "compaction",
+        trigger,
+        entryId: entry.id,
+        firstKeptEntryId: plan.firstKeptEntryId,
+        tokensBefore: plan.tokensBefore,
+        threshold: plan.threshold,
+        window: plan.window,
+        summarized: plan.summarized.length,
+        kept: plan.kept.length,
+      };
+      emit(event);
+      return { status: "compacted", event };
+    };
+    // 两次压缩不交错：后一次等前一次写完、Runtime 换好再看路径。
+    let compactions: Promise<unknown> = Promise.resolve();
+
     const session: PiSession = {
-      runtime,
+      get runtime() {
+        return runtime;
+      },
       id,
       file,
+      subscribe(listener) {
+        listeners.add(listener);
+        return () => {
+          listeners.delete(listener);
+        };
+      },
+      compact(trigger, signal) {
+        const outcome = compactions.then(() => compactNow(trigger, signal));
+        compactions = outcome.catch(() => undefined);
+        return outcome;
+      },
       close: async () => {
         opened.delete(session);
+        await compactions;
+        detach();
+        listeners.clear();
         await runtime.dispose().catch(() => undefined);
         await audit?.close().catch(() => undefined);
       },
@@ -682,7 +969,7 @@ export async function composePi(input: ComposeOptions): Promise<Pi> {
 // ---------------------------------------------------------------------------
 
 /** json 模式的一行：去掉每个增量事件里累积的 partial 快照，只留这一步的变化。 */
-export function eventLine(event: AgentEvent): string {
+export function eventLine(event: PiSessionEvent): string {
   return JSON.stringify(event, (key, value: unknown) => (key === "partial" ? undefined : value));
 }
 
@@ -701,30 +988,41 @@ function write(stream: TerminalOutput, value: string): Promise<void> {
 /** 一次 -p 运行：事件（json）或最终文本（text），然后按结局给出退出码与 stderr 的那一行。 */
 async function runPrint(pi: Pi, environment: CliEnvironment, keyHint: string, secrets: readonly string[]): Promise<number> {
   const session = await pi.openSession(pi.options.session !== undefined ? { file: pi.options.session } : pi.options.continue ? "continue" : "new");
-  const runtime = session.runtime;
+  const json = pi.options.mode === "json";
   let interrupts = 0;
+  const compaction = new AbortController();
   const stopListening = environment.onInterrupt(() => {
     interrupts += 1;
-    // 第一次：中止这一轮，等它把已有的消息落盘；第二次：不再等了。
+    // 第一次：中止这一轮（或正在写的摘要），等它把已有的消息落盘；第二次：不再等了。
     if (interrupts >= 2) environment.forceExit?.(130);
-    runtime.control.abort();
+    compaction.abort();
+    session.runtime.control.abort();
   });
-  const unsubscribe =
-    pi.options.mode === "json"
-      ? runtime.control.subscribe((event) => {
-          // JSON.stringify 不会留下裸换行，所以一行就是一个事件；只替换密钥，不截断。
-          environment.stdout.write(`${withoutSecrets(eventLine(event), secrets)}\n`);
-        })
-      : () => undefined;
+  const unsubscribe = session.subscribe((event) => {
+    // JSON.stringify 不会留下裸换行，所以一行就是一个事件；只替换密钥，不截断。
+    if (json) environment.stdout.write(`${withoutSecrets(eventLine(event), secrets)}\n`);
+    else if (event.type === "compaction") environment.stderr.write(`${compactionLine(event)}\n`);
+  });
+  const autoCompact = async (): Promise<void> => {
+    const outcome = await session.compact("auto", compaction.signal);
+    if (outcome.status === "failed" && interrupts === 0) environment.stderr.write(`${compactionSkippedLine(outcome)}\n`);
+  };
+  const interrupted = (): number => {
+    environment.stderr.write(`已中断；会话已保存${session.file === undefined ? "" : `在 ${session.file}`}，用 --continue 接着问。\n`);
+    return 130;
+  };
   try {
     const io = {
-      write: (value: string) =>
-        write(environment.stdout, pi.options.mode === "json" ? value : value === "" ? "" : `${value}\n`),
+      write: (value: string) => write(environment.stdout, json ? value : value === "" ? "" : `${value}\n`),
     };
-    const result = await runMode(runtime, pi.options.mode === "json" ? "json" : "print", pi.options.prompt, io);
+    // 第 11 章的压缩：提示之前看一次（--continue 接上的会话可能早已超过阈值），正常结束之后再看一次。
+    await autoCompact();
+    if (interrupts > 0) return interrupted();
+    const result = await runMode(session.runtime, json ? "json" : "print", pi.options.prompt, io);
+    if (interrupts === 0 && result.reason !== "aborted" && result.reason !== "error") await autoCompact();
     const code = interrupts > 0 ? 130 : exitCodeOf(result);
     if (code === 130) {
-      environment.stderr.write(`已中断；会话已保存${session.file === undefined ? "" : `在 ${session.file}`}，用 --continue 接着问。\n`);
+      interrupted();
     } else if (result.reason === "error") {
       environment.stderr.write(`错误：${oneLine(describeModelFailure(oneLine(lastAssistantError(result.messages), secrets), keyHint), secrets)}\n`);
     } else if (result.reason === "maxSteps") {
