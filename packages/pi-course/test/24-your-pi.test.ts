@@ -768,6 +768,13 @@ const SUMMARY_REPLY = {
   next: ["回答用户的追问"],
 };
 
+/** 第二次压缩的摘要：并进了第一份。 */
+const SECOND_SUMMARY = {
+  ...SUMMARY_REPLY,
+  completed: [...SUMMARY_REPLY.completed, "确认没有别的要改"],
+  next: ["根据 notes.md 回答"],
+};
+
 /** 与 main.ts 的 contextBudget 同一个粗估：四个字符约一个 token。 */
 const estimateTokens = (value: unknown): number => Math.ceil((typeof value === "string" ? value : JSON.stringify(value)).length / 4);
 
@@ -779,6 +786,9 @@ test("Lab 24.3 · 端到端：真 git 仓库里模型读文件、改文件、用
       { text: "我把 sum.js 的 a - b 改成了 a + b。" },
       { text: JSON.stringify(SUMMARY_REPLY) },
       { text: "没有别的要改了。" },
+      toolCallReply("read", { path: "notes.md" }),
+      { text: "读完了：notes.md 记着这次修复的经过。" },
+      { text: JSON.stringify(SECOND_SUMMARY) },
     ),
   );
   const { home, repo } = await workspace(t, server.url);
@@ -858,6 +868,58 @@ test("Lab 24.3 · 端到端：真 git 仓库里模型读文件、改文件、用
   const nextText = wireText(server.requests[6]!);
   assert.match(nextText, /会话压缩摘要[\s\S]*让仓库里 sum 的测试通过[\s\S]*你改了什么[\s\S]*还有别的要改吗/);
   assert.equal(nextText.includes("pass 1") || nextText.includes("修好 sum.js，让测试通过"), false, "被摘要的那一轮不再发给模型");
+
+  // 正常结束之后再看一次：这一轮自己读进一个大文件，把会话推过了阈值。提示之前还不用压缩（上面刚确认过 within_budget），
+  // 这一轮结束、进程退出之前就写下第二条 compaction entry；--mode json 时它是 stdout 上恰好一行 {"type":"compaction",…}。
+  await writeFile(path.join(repo, "notes.md"), `${"修复记录：sum.js 的减号改成加号，node --test 通过。\n".repeat(40)}`);
+  const beforeRead = await readEntries(files[0]!);
+  const read = await runPi(["-c", "-p", "--mode", "json", "--model", "loop-small", "读一下 notes.md"], repo, childEnv(home));
+  assert.equal(read.code, 0, `结束之后的压缩：${read.stderr}`);
+  assert.equal(read.stderr.includes("已压缩"), false, "json 模式下压缩只在 stdout 上报告");
+  const readLines = read.stdout.trim().split("\n");
+  const readEvents = readLines.map((line, index) => {
+    assert.doesNotThrow(() => JSON.parse(line), `stdout 第 ${index + 1} 行不是 JSON：${line}`);
+    return JSON.parse(line);
+  });
+  const compactionEvents = readEvents.filter((event) => event.type === "compaction");
+  assert.equal(compactionEvents.length, 1, "这一次调用只压缩一次：提示之前没到阈值，结束之后超过了");
+  assert.equal(readEvents[readEvents.length - 1], compactionEvents[0], "压缩在这一轮的结局之后");
+  assert.equal(readEvents[readEvents.length - 2].reason, "stop");
+
+  const afterRead = await readEntries(files[0]!);
+  assert.deepEqual(afterRead.slice(0, beforeRead.length), beforeRead, "压缩只追加");
+  const last = afterRead[afterRead.length - 1];
+  assert.equal(last.type, "compaction", "一次 -p 调用之后，文件的最后一行就是这一轮结束后写下的 compaction entry");
+  assert.equal(afterRead.filter((entry) => entry.type === "compaction").length, 2);
+  const readRound = afterRead.slice(beforeRead.length, -1);
+  assert.deepEqual(readRound.map((entry) => entry.message.role), ["user", "assistant", "toolResult", "assistant"]);
+  assert.equal(last.firstKeptEntryId, readRound[0].id, "保留的起点是最新的完整一轮（这一轮）的 user 消息");
+  assert.equal(last.parentId, readRound[readRound.length - 1].id);
+  const estimate = buildContext(afterRead.slice(0, -1), { maxTokens: Number.MAX_SAFE_INTEGER, reservedOutput: 0, safetyMargin: 0, estimateTokens }).tokens.total;
+  assert.ok(estimate > 560, `这一轮结束后的估计 ${estimate} 应当超过阈值 560`);
+  assert.ok(
+    buildContext(beforeRead, { maxTokens: Number.MAX_SAFE_INTEGER, reservedOutput: 0, safetyMargin: 0, estimateTokens }).tokens.total <= 560,
+    "提示之前的估计没有超过阈值",
+  );
+  assert.deepEqual(compactionEvents[0], {
+    type: "compaction",
+    trigger: "auto",
+    entryId: last.id,
+    firstKeptEntryId: readRound[0].id,
+    tokensBefore: estimate,
+    threshold: 560,
+    window: 800,
+    summarized: 4,
+    kept: 4,
+  }, "json 的那一行：估计、阈值、窗口，“你改了什么？”与“还有别的要改吗？”两轮的 4 条写成摘要，保留这一轮的 4 条");
+  assert.equal(last.tokensBefore, estimate);
+  assert.deepEqual(last.summary, SECOND_SUMMARY);
+
+  assert.equal(server.requests.length, 10, "这一轮两次请求，之后一次摘要请求");
+  const secondSummary = wireText(server.requests[9]!);
+  assert.equal(server.requests[9]!.body.tools, undefined);
+  assert.match(secondSummary, /让仓库里 sum 的测试通过[\s\S]*你改了什么[\s\S]*还有别的要改吗/, "上一份摘要并进来，两轮旧对话写进摘要请求");
+  assert.equal(secondSummary.includes("读一下 notes.md"), false, "保留的一轮不进摘要请求");
 });
 
 test("Lab 24.3 · 流到一半收到 SIGINT：退出码 130，会话完整可读，--continue 接着这段历史再问", async (t) => {

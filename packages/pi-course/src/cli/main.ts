@@ -26,7 +26,7 @@ import {
   AuditLog,
   PERMISSION_DENIED,
   argsDigest,
-  checkPermission,
+  decidePermission,
   permissionOf,
   type ConfirmRequest,
   type PermissionPolicy,
@@ -462,9 +462,8 @@ function permissionGate(inner: ExtensionHost | undefined, options: GateOptions):
       return async (call, context) => {
         const tool = options.tools.get(call.name);
         if (tool === undefined || !options.tools.canCall(call.name, "model")) return next(call, context);
-        const permission = permissionOf(tool);
         const sessionId = options.sessionId();
-        const { allowed, decision } = await checkPermission(permission, call, options.policy, sessionId);
+        const { allowed, decision } = await decidePermission(tool, call, options.policy, sessionId);
         step += 1;
         await options.audit()?.append({
           kind: "permission",
@@ -473,7 +472,7 @@ function permissionGate(inner: ExtensionHost | undefined, options: GateOptions):
           step,
           tool: call.name,
           callId: call.id,
-          permission,
+          permission: permissionOf(tool),
           decision,
           allowed,
           argsDigest: argsDigest(call.arguments),

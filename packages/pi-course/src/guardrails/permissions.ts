@@ -91,6 +91,20 @@ export async function checkPermission(
   }
 }
 
+/**
+ * 一次调用的判定，不写记录：按工具声明的级别问 checkPermission；没有经过闸门造出来的 codemode 工具直接拒绝
+ * （它的嵌套调用会绕开判定）。闸门（gateTool）、嵌套调用与第 24 章命令行的权限闸门都用它，判定只有这一处。
+ */
+export async function decidePermission(
+  tool: Tool,
+  call: ToolCall,
+  policy: PermissionPolicy,
+  taskId?: string,
+): Promise<{ allowed: boolean; decision: PermissionDecision }> {
+  if (tool.name === CODEMODE_TOOL_NAME && !guardsNesting(tool)) return { allowed: false, decision: "unguarded-nesting" };
+  return checkPermission(permissionOf(tool), call, policy, taskId);
+}
+
 export interface PermissionHookOptions {
   /** 运行时用的同一个注册表（按名字找到工具，读它声明的级别）。 */
   tools: ToolRegistry;
@@ -116,10 +130,7 @@ async function decide(
   where: { taskId: string; at: number; step: number },
 ): Promise<boolean> {
   const permission = permissionOf(tool);
-  const { allowed, decision } =
-    tool.name === CODEMODE_TOOL_NAME && !guardsNesting(tool)
-      ? { allowed: false, decision: "unguarded-nesting" as const }
-      : await checkPermission(permission, call, options.policy, where.taskId);
+  const { allowed, decision } = await decidePermission(tool, call, options.policy, where.taskId);
   await options.audit?.append({
     kind: "permission",
     taskId: where.taskId,
