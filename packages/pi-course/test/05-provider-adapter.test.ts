@@ -1018,6 +1018,11 @@ test("Lab 5.3 · 畸形负载都被拒绝为 Invalid provider chunk，之前到�
   const cases: Record<string, { frames: string[]; detail: RegExp }> = {
     "/choices-object": { frames: [greeting, frame({ choices: { 0: { delta: { content: "x" } } } })], detail: /choices must be an array/ },
     "/not-json": { frames: [greeting, frame("{this is not json")], detail: /not valid JSON/ },
+    // 一条 JSON 字符串被拆在两行 data 上：多行 data 用换行连接，字符串里于是出现了裸换行，不是合法 JSON（不能把两行直接拼起来）。
+    "/split-string": {
+      frames: [greeting, 'data: {"choices":[{"index":0,"delta":{"content":"半\ndata: 句"},"finish_reason":null}]}\n\n'],
+      detail: /not valid JSON/,
+    },
     "/bad-tool-index": {
       frames: [greeting, frame(chunk({ tool_calls: [{ index: -1, function: { arguments: "{}" } }] }))],
       detail: /tool_calls\[0\]\.index/,
