@@ -126,7 +126,7 @@ function stripQuotes(value: string): string {
 
 /**
  * 解析 `---\n … \n---\n` 形式的 frontmatter（只支持 `key: value` 行）。
- * 没有 frontmatter 返回 undefined；`truncated` 表示只读了文件前缀，最后一行可能不完整。
+ * 没有 frontmatter 返回 undefined；`truncated` 表示只读了文件前缀，最后一行可能不完整。值可以含 U+2028 这类字符：正则带 `s`，`.` 才匹配它们。
  */
 function parseFrontmatter(raw: string, label: string, truncated = false): Frontmatter | undefined {
   const normalized = raw.replace(/\r\n/g, "\n");
@@ -139,7 +139,7 @@ function parseFrontmatter(raw: string, label: string, truncated = false): Frontm
   for (let index = 1; index < end; index += 1) {
     const line = lines[index]!;
     if (line.trim() === "" || line.trimStart().startsWith("#")) continue;
-    const match = /^([A-Za-z0-9_-]+)\s*:\s*(.*)$/.exec(line);
+    const match = /^([A-Za-z0-9_-]+)\s*:\s*(.*)$/s.exec(line);
     if (!match) throw new Error(`${label} 的 frontmatter 第 ${index + 1} 行不是 key: value`);
     fields[match[1]!] = stripQuotes(match[2]!.trim());
   }

@@ -66,6 +66,11 @@ test("Lab 0.2 · 删掉工具结果并重新编号后，校验器指出 tool cal
   assert.equal(withoutResult.length, 6);
   assert.throws(() => assertValidPrologueTrace(withoutResult), /缺少配对结果/);
   assert.throws(() => assertValidPrologueTrace(withoutResult), { message: "tool call call_1 缺少配对结果" });
+  // 调用之前先有一条不带 toolCallId 的 assistant_message（例如一句“我先想想”）：它什么也不登记，漏掉的仍是 call_1。
+  const finalAnswer = intact.at(-1)!;
+  assert.equal(Object.hasOwn(finalAnswer, "toolCallId"), false, "测试前提：最终回答不带 toolCallId");
+  const chattyFirst = [withoutResult[0]!, withoutResult[1]!, finalAnswer, ...withoutResult.slice(2)].map((event, index) => ({ ...event, step: index + 1 }));
+  assert.throws(() => assertValidPrologueTrace(chattyFirst), { message: "tool call call_1 缺少配对结果" });
 
   // 删掉却不重新编号：原来的 step 06 落在第 5 个位置，最先出问题的是步号。
   const gap = intact.filter((event) => event.type !== "tool_result");

@@ -33,6 +33,20 @@ test("Lab 3.1 · textOf 只拼接文本块、跳过工具调用，且不改动�
 
   assert.equal(textOf(message), "先看看目录结构。\n看完再决定改哪里。");
   assert.deepEqual(message, before);
+  // 原消息逐字段还是 assistantMessage 摆出来的样子：默认的 provider 是 scripted、model 是 scripted-v1，用量全为 0。
+  assert.deepEqual(message, {
+    role: "assistant",
+    content: [
+      text("先看看目录结构。"),
+      { type: "toolCall", id: "call-1", name: "ls", arguments: { path: "." } },
+      text("看完再决定改哪里。"),
+    ],
+    provider: "scripted",
+    model: "scripted-v1",
+    usage: { input: 0, output: 0, totalTokens: 0 },
+    stopReason: "toolUse",
+    timestamp: message.timestamp,
+  });
   assert.equal(textOf(userMessage("你好")), "你好");
 });
 

@@ -86,6 +86,13 @@ test(
     assert.deepEqual(second.result, secondTurn);
     assert.equal(second.events.at(-1)?.type, "done");
     assert.equal(model.requests.length, 2);
+
+    // 参数是 undefined 的调用（类型允许：arguments 是 unknown）：JSON.stringify 给不出原文，原文就是 "null"。
+    const bareCall: ToolCall = { type: "toolCall", id: "call-bare", name: "ping", arguments: undefined };
+    const bare = await drain(new ScriptedModel([assistantMessage([bareCall], "toolUse")]).stream({ messages: [userMessage("ping")] }));
+    const bareDelta = expectEvent(bare.events[1], "toolcall_delta");
+    assert.equal(bareDelta.delta, "null");
+    assert.deepEqual(bareDelta.partial.content[0], { ...bareCall, arguments: {}, rawArguments: "null" });
   },
 );
 

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { getEventListeners, once } from "node:events";
 import http from "node:http";
-import type { AddressInfo } from "node:net";
+import type { AddressInfo, Socket } from "node:net";
 import test, { type TestContext } from "node:test";
 
 import {
@@ -96,6 +96,8 @@ async function startProvider(
       script(res, recorded).catch((error: unknown) => res.destroy(error as Error));
     });
   });
+  // 服务器这一端的连接不拖住进程：泄漏检查只该看到客户端留下的套接字（undici 空闲的连接本来就 unref 了）。
+  server.on("connection", (socket: Socket) => socket.unref());
   server.listen(0, "127.0.0.1");
   await once(server, "listening");
   t.after(async () => {
@@ -922,6 +924,91 @@ test("Lab 5.3 · 流到一半中止：最后一个事件是 aborted，partial �
     assert.deepEqual(idle.result.content, kept, path);
     assertNoLeak(idle.events, idle.result);
   }
+
+  // 等响应头超时之后，迟到的响应不能没人管。先用注入的 fetch 看清楚：超时报错之后才交出的 Response，body 被取消。
+  let deliverLate!: (response: Response) => void;
+  let lateCancelled = false;
+  const lateError = await streamError(
+    createOpenAICompatibleTransport({
+      baseUrl: "https://provider.invalid/v1",
+      apiKey: API_KEY,
+      idleTimeoutMs: 20,
+      fetch: () => new Promise<Response>((resolve) => (deliverLate = resolve)),
+    }),
+  );
+  assert.ok(lateError instanceof Error);
+  assert.match(lateError.message, /idleTimeoutMs/);
+  deliverLate(
+    new Response(
+      new ReadableStream<Uint8Array>({
+        cancel() {
+          lateCancelled = true;
+        },
+      }),
+      { status: 200, headers: { "content-type": "text/event-stream" } },
+    ),
+  );
+  await new Promise<void>((resolve) => setImmediate(resolve));
+  assert.equal(lateCancelled, true, "超时之后才到的响应，body 要被取消");
+
+  // 再用真实的服务器：响应头在客户端放弃之后才发，客户端要把这条连接关掉；整个过程不留下计时器和套接字。
+  let requestArrived!: () => void;
+  const arrived = new Promise<void>((resolve) => (requestArrived = resolve));
+  let releaseHeaders!: () => void;
+  const headersHeld = new Promise<void>((resolve) => (releaseHeaders = resolve));
+  let lateClosed!: Promise<unknown>;
+  const lateServer = await startProvider(t, async (response) => {
+    lateClosed = once(response, "close");
+    requestArrived();
+    await headersHeld;
+    openSse(response);
+    response.write(frame(chunk({ role: "assistant", content: "来晚了" })));
+  });
+  await expectNoLeaks({ label: "响应头迟到的请求" }, async () => {
+    const stalled = await streamError(createOpenAICompatibleTransport({ baseUrl: lateServer.origin, apiKey: API_KEY, idleTimeoutMs: 50 }));
+    assert.ok(stalled instanceof Error);
+    assert.match(stalled.message, /idleTimeoutMs/);
+    await arrived;
+    releaseHeaders();
+    await lateClosed; // 服务器看到连接被关掉：迟到的响应没有一直占着套接字。
+  });
+
+  // 调用方拿到第一块之后中止：循环回到开头就停下，不再向 body 要下一块（body 一次只在被读时才产生一块）。
+  let stopPulls = 0;
+  const stopping = new AbortController();
+  const stopChunks: ProviderChunk[] = [];
+  const stopError = await (async () => {
+    const pulling = createOpenAICompatibleTransport({
+      baseUrl: "https://provider.invalid/v1",
+      apiKey: API_KEY,
+      fetch: async () =>
+        new Response(
+          new ReadableStream<Uint8Array>(
+            {
+              pull(body) {
+                stopPulls += 1;
+                body.enqueue(new TextEncoder().encode(frame(chunk({ content: `第${stopPulls}块` }))));
+              },
+            },
+            { highWaterMark: 0 },
+          ),
+          { status: 200, headers: { "content-type": "text/event-stream" } },
+        ),
+    });
+    try {
+      for await (const item of pulling.stream({ model: "m", messages: [] }, { signal: stopping.signal })) {
+        stopChunks.push(item);
+        stopping.abort();
+      }
+    } catch (caught) {
+      return caught;
+    }
+    return undefined;
+  })();
+  assert.ok(stopError instanceof DOMException);
+  assert.equal(stopError.name, "AbortError");
+  assert.deepEqual(stopChunks, [{ type: "text", delta: "第1块" }]);
+  assert.equal(stopPulls, 1, "中止之后不该再读 body");
 });
 
 test("Lab 5.3 · 畸形负载都被拒绝为 Invalid provider chunk，之前到达的内容保留", NETWORK_TIMEOUT, async (t) => {
@@ -931,6 +1018,11 @@ test("Lab 5.3 · 畸形负载都被拒绝为 Invalid provider chunk，之前到�
   const cases: Record<string, { frames: string[]; detail: RegExp }> = {
     "/choices-object": { frames: [greeting, frame({ choices: { 0: { delta: { content: "x" } } } })], detail: /choices must be an array/ },
     "/not-json": { frames: [greeting, frame("{this is not json")], detail: /not valid JSON/ },
+    // 一条 JSON 字符串被拆在两行 data 上：多行 data 用换行连接，字符串里于是出现了裸换行，不是合法 JSON（不能把两行直接拼起来）。
+    "/split-string": {
+      frames: [greeting, 'data: {"choices":[{"index":0,"delta":{"content":"半\ndata: 句"},"finish_reason":null}]}\n\n'],
+      detail: /not valid JSON/,
+    },
     "/bad-tool-index": {
       frames: [greeting, frame(chunk({ tool_calls: [{ index: -1, function: { arguments: "{}" } }] }))],
       detail: /tool_calls\[0\]\.index/,
@@ -1187,6 +1279,8 @@ test("Lab 5.4 · 请求的地址、方法、signal、头和 JSON 体都精确，
   const { result } = await consume(model.stream(askContext("不带工具")));
   assert.equal(result.stopReason, "stop");
   const bare = JSON.parse(server.requests[1]!.body) as Record<string, unknown>;
+  // 调用方没给 signal：交给 fetch 的 init 里干脆没有 signal 键（不是 signal: undefined）。
+  assert.equal(Object.hasOwn(recorder.calls[1]!.init ?? {}, "signal"), false, "没有 signal 时 init 不该带 signal 键");
   assert.deepEqual(Object.keys(bare).sort(), ["messages", "model", "stream", "stream_options"]);
   assert.deepEqual(bare.messages, [{ role: "user", content: "不带工具" }]);
   assertNoLeak(chunks, result);
@@ -1373,11 +1467,28 @@ test("Lab 5.4 · fetch 失败和 HTTP 错误里的密钥都被替换成 [redacte
   const keyless = createOpenAICompatibleTransport({
     baseUrl: "https://provider.invalid/v1",
     apiKey: "",
-    fetch: async () => new Response("quota exceeded for this project", { status: 429 }),
+    // 正文里那句英文正是变异工具的占位串：空密钥时不能有任何一段文字被当成密钥遮掉。
+    fetch: async () => new Response("quota exceeded for this project; Stryker was here", { status: 429 }),
   });
   const keylessError = await thrownBy(keyless);
   assert.ok(keylessError instanceof Error);
-  assert.equal(keylessError.message, "OpenAI-compatible request failed with HTTP 429: quota exceeded for this project");
+  assert.equal(keylessError.message, "OpenAI-compatible request failed with HTTP 429: quota exceeded for this project; Stryker was here");
+
+  // 点名秘密的 base64 片段以 8 个字符为下限：6 字节的秘密在 shift 0 时恰好有 8 个字符的片段，要遮；
+  // 4 字节的秘密在 shift 1、2 时只有 4 个字符的片段，太短、太容易撞上正常文字，不遮。
+  const sixBytes = "k3y-06";
+  const sixCore = Buffer.from(sixBytes).toString("base64");
+  assert.equal(sixCore.length, 8);
+  assert.equal(redactSecrets(`b64=${sixCore}`, [sixBytes]), "b64=[redacted]");
+  const fourBytes = "k3y4";
+  const shortCores = [1, 2].map((shift) => {
+    const encoded = Buffer.concat([Buffer.alloc(shift), Buffer.from(fourBytes)]).toString("base64");
+    return encoded.slice(Math.ceil((8 * shift) / 6), Math.floor((8 * (shift + 4)) / 6));
+  });
+  for (const core of shortCores) {
+    assert.ok(core.length < 8, core);
+    assert.equal(redactSecrets(`word ${core} stays`, [fourBytes]), `word ${core} stays`);
+  }
 
   // 错误体一点一点到达：按 UTF-8 流式解码（汉字被切开也不乱码），只附前 200 个字符。
   const wordy = `错误：${"汉".repeat(300)}`;
@@ -1399,6 +1510,13 @@ test("Lab 5.4 · fetch 失败和 HTTP 错误里的密钥都被替换成 [redacte
   const trickleError = await thrownBy(trickle);
   assert.ok(trickleError instanceof Error);
   assert.equal(trickleError.message, `OpenAI-compatible request failed with HTTP 500: ${wordy.slice(0, 200)}`);
+  // 错误体以半个汉字结尾：读完时把解码器冲刷一次，残缺的字节变成一个 U+FFFD，而不是悄悄丢掉。
+  const halfChar = new Uint8Array([...new TextEncoder().encode("坏"), ...new TextEncoder().encode("了").slice(0, 2)]);
+  const halfError = await thrownBy(
+    createOpenAICompatibleTransport({ baseUrl: "https://provider.invalid/v1", apiKey: API_KEY, fetch: async () => new Response(halfChar, { status: 500 }) }),
+  );
+  assert.ok(halfError instanceof Error);
+  assert.equal(halfError.message, "OpenAI-compatible request failed with HTTP 500: 坏\uFFFD");
 
   // 错误体读到一半断了：状态码照报，已经读到的部分照样附上；断在 AbortError 上则是中止，对外是那一种中止错误。
   const breakingBody = (failure: Error): typeof fetch => async () => {
@@ -1438,23 +1556,26 @@ test("Lab 5.4 · fetch 失败和 HTTP 错误里的密钥都被替换成 [redacte
     apiKey: API_KEY,
     fetch: async () =>
       new Response(
-        new ReadableStream<Uint8Array>({
-          pull(controller) {
-            if (pulledBytes >= 1024 * 1024) return controller.close();
-            pulledBytes += 1024;
-            controller.enqueue(new TextEncoder().encode("l".repeat(1024)));
+        new ReadableStream<Uint8Array>(
+          {
+            pull(controller) {
+              if (pulledBytes >= 1024 * 1024) return controller.close();
+              pulledBytes += 1024;
+              controller.enqueue(new TextEncoder().encode("l".repeat(1024)));
+            },
+            cancel() {
+              longBodyCancelled = true;
+            },
           },
-          cancel() {
-            longBodyCancelled = true;
-          },
-        }),
+          { highWaterMark: 0 }, // 只在被读时才产生一块：读了几次，pulledBytes 就是几 KiB
+        ),
         { status: 500 },
       ),
   });
   const longError = await thrownBy(longBody);
   assert.ok(longError instanceof Error);
   assert.equal(longError.message, `OpenAI-compatible request failed with HTTP 500: ${"l".repeat(200)}`);
-  assert.ok(pulledBytes <= 20 * 1024, `错误体只该读约 16 KiB，实际读了 ${pulledBytes} 字节`);
+  assert.equal(pulledBytes, 16 * 1024, `读满 16 KiB 就停，实际读了 ${pulledBytes} 字节`);
   assert.equal(longBodyCancelled, true, "读够之后应当取消读取");
 
   // 真实服务器回 500，错误体没有尽头：只读一小段（够写进消息的前 200 个字符），然后取消读取，连接被关掉。

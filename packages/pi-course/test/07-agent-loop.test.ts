@@ -237,6 +237,24 @@ test("Lab 7.2 · 单个工具往返：执行一次、结果配对、第二次请
   const start = events.find((event) => event.type === "tool_start");
   assert.deepEqual(start, { type: "tool_start", call: toolCall });
   assertSingleEnd(events, "stop");
+
+  // 调用方没给 signal：工具的 context 里干脆没有 signal 键（不是一个值为 undefined 的键）。
+  const keyed: boolean[] = [];
+  const probe: Tool<{ value: string }> = {
+    name: "probe",
+    description: "记下 context 里有没有 signal 键",
+    schema: objectSchema({ value: stringValue }),
+    async execute(_parameters: { value: string }, context: ToolContext) {
+      keyed.push(Object.hasOwn(context, "signal"));
+      return { content: [text("ok")] };
+    },
+  };
+  await runAgentLoop({
+    model: new ScriptedModel([assistantMessage([call("call-probe", "probe", { value: "x" })], "toolUse"), assistantMessage([text("好")])]),
+    tools: new ToolRegistry([probe]),
+    context: { messages: [userMessage("不带 signal")] },
+  });
+  assert.deepEqual(keyed, [false], "没有 signal 时工具的 context 不该带 signal 键");
 });
 
 // ---------------------------------------------------------------------------

@@ -3,6 +3,7 @@ import { closeSync, constants as fsConstants, existsSync, openSync, readdirSync,
 import { link, mkdir, mkdtemp, readdir, readFile, realpath, rename, rm, stat, symlink, unlink, writeFile } from "node:fs/promises";
 import { execFileSync } from "node:child_process";
 import { getEventListeners } from "node:events";
+import { createRequire, syncBuiltinESMExports } from "node:module";
 import os from "node:os";
 import path from "node:path";
 import test, { type TestContext } from "node:test";
@@ -163,6 +164,28 @@ async function expectNoDescriptorLeak(work: () => Promise<void>, label: string):
   const after = openDescriptors();
   assert.deepEqual(collected, [], `${label}时有文件没关，被垃圾回收关掉了`);
   if (before !== undefined && after !== undefined) assert.ok(after - before < 5, `${label}之后多了 ${after - before} 个打开的文件描述符`);
+}
+
+type FsPromises = typeof import("node:fs/promises");
+
+/**
+ * body 运行期间，把 node:fs/promises 的 open 与 mkdir 换成 replace 给出的版本（syncBuiltinESMExports 让
+ * coding-tools.js 的 import 也看见替换），body 结束后换回原样。用来把“检查与使用之间的空档”排成确定的顺序。
+ */
+async function patchingFs<T>(
+  replace: (real: Pick<FsPromises, "open" | "mkdir">) => Partial<Pick<FsPromises, "open" | "mkdir">>,
+  body: () => Promise<T>,
+): Promise<T> {
+  const fsPromises = createRequire(import.meta.url)("node:fs/promises") as FsPromises;
+  const real = { open: fsPromises.open, mkdir: fsPromises.mkdir };
+  Object.assign(fsPromises, replace(real));
+  syncBuiltinESMExports();
+  try {
+    return await body();
+  } finally {
+    Object.assign(fsPromises, real);
+    syncBuiltinESMExports();
+  }
 }
 
 async function leftoverTemporaries(root: string): Promise<string[]> {
@@ -376,6 +399,54 @@ test("Lab 8.2 · workspace 拒绝词法越界和经由符号链接的逃逸，�
   assert.equal(escapedReads, 0, `有 ${escapedReads} 次读到了 workspace 外面的文件`);
   assert.deepEqual(await readdir(far), ["note.txt"], "写入或新建目录落到了 workspace 外面");
   assert.equal(await readFile(path.join(far, "note.txt"), "utf8"), "outside");
+
+  // 同样的空档，排成确定的顺序再撞一次（替换 open 与 mkdir，见 patchingFs）：
+  // (1) read：事前检查时 swapped 还指向里面；open 的前一刻把它换成指向外面的链接，打开之后立刻换回来。
+  //     只按路径名做事后检查会以为打开的是里面的文件；看 fd 真正指向哪里才拦得住，错误文字与事前检查相同。
+  const swapHome = path.join(root, "swap-home");
+  await mkdir(swapHome);
+  await writeFile(path.join(swapHome, "note.txt"), "inside");
+  const swapped = path.join(root, "swapped");
+  await symlink(swapHome, swapped);
+  const pointAt = async (target: string): Promise<void> => {
+    await symlink(target, `${swapped}.next`);
+    await rename(`${swapped}.next`, swapped);
+  };
+  const swappedRead = await patchingFs(
+    (real) => ({
+      open: (async (file: Parameters<FsPromises["open"]>[0], ...rest: [never?, never?]) => {
+        if (file !== path.join(swapped, "note.txt")) return real.open(file, ...rest);
+        await pointAt(far);
+        try {
+          return await real.open(file, ...rest);
+        } finally {
+          await pointAt(swapHome);
+        }
+      }) as FsPromises["open"],
+    }),
+    () => run(registry, "read", { path: "swapped/note.txt" }),
+  );
+  assert.equal(outputOf(swappedRead), "Tool read failed: 符号链接越过教学 workspace：swapped/note.txt");
+  // (2) write：逐级打开父目录时，moving 已经打开并验证过；建 inner 的前一刻把 moving 挪走，原地换成指向外面的链接。
+  //     经由已打开目录的 fd 建目录的实现把 inner 建在挪走的那个目录里；按路径名拼的实现会在外面建出 inner。
+  const moving = path.join(root, "moving");
+  await mkdir(moving);
+  let movedAway = false;
+  await patchingFs(
+    (real) => ({
+      mkdir: (async (dir: Parameters<FsPromises["mkdir"]>[0], options?: Parameters<FsPromises["mkdir"]>[1]) => {
+        if (!movedAway && String(dir).endsWith(`${path.sep}inner`)) {
+          movedAway = true;
+          await rename(moving, `${moving}-away`);
+          await symlink(far, moving);
+        }
+        return real.mkdir(dir, options);
+      }) as FsPromises["mkdir"],
+    }),
+    () => run(registry, "write", { path: "moving/inner/w.txt", content: "w" }),
+  );
+  assert.equal(movedAway, true, "测试前提：write 要为 inner 调用 mkdir");
+  assert.deepEqual(await readdir(far), ["note.txt"], "目录在验证之后被换成链接时，新目录建到了 workspace 外面");
 });
 
 // ---------------------------------------------------------------------------
@@ -439,6 +510,23 @@ test("Lab 8.3 · write 原子替换目录项，覆盖目录时失败且不留临
   }, "10 次写到普通文件下面");
   assert.equal(await readFile(path.join(root, "plain.txt"), "utf8"), "plain");
   assert.deepEqual(await leftoverTemporaries(root), []);
+
+  // 建父目录失败、而原因不是“已经存在”（这里让 mkdir 报只读文件系统 EROFS）：报出的就是这个原因，
+  // 不能吞掉它、再让随后的 open 以一个无关的 ENOENT 失败。
+  const readOnly = await patchingFs(
+    (real) => ({
+      mkdir: (async (dir: Parameters<FsPromises["mkdir"]>[0], options?: Parameters<FsPromises["mkdir"]>[1]) => {
+        if (String(dir).endsWith(`${path.sep}frozen`)) {
+          throw Object.assign(new Error(`EROFS: read-only file system, mkdir '${String(dir)}'`), { code: "EROFS" });
+        }
+        return real.mkdir(dir, options);
+      }) as FsPromises["mkdir"],
+    }),
+    () => run(registry, "write", { path: "frozen/x.txt", content: "x" }),
+  );
+  assert.equal(readOnly.isError, true);
+  assert.match(outputOf(readOnly), /EROFS/, `错误里应是 mkdir 的原因，实际：${outputOf(readOnly)}`);
+  assert.equal(existsSync(path.join(root, "frozen")), false);
 
   // unrestricted 模式只按词法解析：cwd 是一个符号链接时，`../up.txt` 指的是链接所在目录里的 up.txt
   // （与 details.path 一致），而不是链接目标的上一级。
@@ -925,15 +1013,25 @@ test("Lab 8.5 · 超时与取消都结束整个进程组，连忽略 SIGTERM 的
   void detachedPendingA.then(() => (settledA = true), () => (settledA = true));
   // 超时到点、宽限走完；子进程退出、SIGKILL 也发完之后，工具才开始等管道（默认 200 毫秒）。它什么时候开始等，
   // 由它调用（假的）setTimeout 的那一刻告诉测试：拨到 199 毫秒它还在等，再拨 1 毫秒它带着已经读到的输出返回。
+  // 200 毫秒的那一次 setTimeout 就是开始等管道；SIGKILL 发出之前它不能出现。
   const mockedSetTimeout = globalThis.setTimeout;
   const drainArmed = deferred();
+  let drainArmedEarly = false;
+  let killed = false;
   try {
-    t.mock.timers.tick(5_000);
-    t.mock.timers.tick(100);
     globalThis.setTimeout = ((...args: Parameters<typeof setTimeout>) => {
-      drainArmed.resolve();
+      if (args[1] === 200) {
+        if (!killed) drainArmedEarly = true;
+        drainArmed.resolve();
+      }
       return mockedSetTimeout(...args);
     }) as unknown as typeof setTimeout;
+    t.mock.timers.tick(5_000);
+    // 这时只发了 SIGTERM。让出一轮：过早开始等管道的实现此刻已经调用了 setTimeout。
+    await new Promise((resolve) => setImmediate(resolve));
+    killed = true;
+    t.mock.timers.tick(100);
+    assert.equal(drainArmedEarly, false, "SIGKILL 发出之前就开始等管道了：200 毫秒要从子进程退出、SIGKILL 发完算起");
     await Promise.race([drainArmed.promise, detachedPendingA]);
     t.mock.timers.tick(199);
     await new Promise((resolve) => setImmediate(resolve));

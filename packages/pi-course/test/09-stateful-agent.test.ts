@@ -885,8 +885,9 @@ test("Lab 9.5 · follow-up 在自然 stop 后进入；空闲和 turn_end 之后�
   };
   const { agent } = await createAgent(t, model, { toolExecutor: executor });
 
-  assert.throws(() => agent.steer("空闲时的修正"), /只在当前 run 尚未结束/);
-  assert.throws(() => agent.followUp("空闲时的追加"), /只在当前 run 尚未结束/);
+  // 拒绝的错误点名被拒绝的是哪一种输入：steer 与 follow-up 各说各的（写成 steer()、steering、followUp()、follow-up 都行）。
+  assert.throws(() => agent.steer("空闲时的修正"), /steer.*只在当前 run 尚未结束/i);
+  assert.throws(() => agent.followUp("空闲时的追加"), /follow-?up.*只在当前 run 尚未结束/i);
 
   let onStart: ((runId: number) => void) | undefined = () => {
     agent.followUp("顺便列出风险");

@@ -4,6 +4,7 @@ import { spawn } from "node:child_process";
 import { existsSync, readdirSync } from "node:fs";
 import { mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
+import { createRequire, syncBuiltinESMExports } from "node:module";
 import { dirname, join } from "node:path";
 import type { AgentMessage, AssistantMessage, SystemMessage, TextContent, ToolCall, ToolResultMessage, UserMessage } from "../src/types.js";
 import {
@@ -456,6 +457,8 @@ test("Lab 10.2 · 拒绝矩阵：结构、类型、角色、多余字段与 JSON
   holey[2] = { type: "text", text: "c" };
   const { isError: _isError, ...resultWithoutIsError } = toolResult("call-1", "run", "ok", null);
   const { id: _id, ...withoutId } = base;
+  // 谎报字段的 Proxy：ownKeys 里有 ghost，却给不出它的描述符。照样要以“路径 + 原因”拒绝，而不是崩出 TypeError。
+  const ghost = new Proxy({}, { ownKeys: () => ["ghost"], getOwnPropertyDescriptor: () => undefined });
 
   const message = "session entry bad.message";
   const cases: Array<[string, unknown, string]> = [
@@ -518,6 +521,7 @@ test("Lab 10.2 · 拒绝矩阵：结构、类型、角色、多余字段与 JSON
     ["metadata value 带 getter", meta(withGetter), "session entry bad.value.secret"],
     ["metadata value 带不可枚举字段", meta(withHidden), "session entry bad.value.hidden"],
     ["metadata value 带 symbol 键", meta(withSymbol), "session entry bad.value"],
+    ["metadata value 是给不出描述符的 Proxy", meta(ghost), "session entry bad.value.ghost"],
     ["metadata value 的数组里有 NaN", meta([1, Number.NaN]), "session entry bad.value[1]"],
     ["metadata key 是空串", { id: "bad", parentId: null, timestamp: 1, type: "metadata", key: "", value: 1 }, "session entry bad.key"],
     ["metadata key 是数字", { id: "bad", parentId: null, timestamp: 1, type: "metadata", key: 7, value: 1 }, "session entry bad.key"],
@@ -533,6 +537,20 @@ test("Lab 10.2 · 拒绝矩阵：结构、类型、角色、多余字段与 JSON
     /session entry bad\.message\.content\[1\]\.arguments\.callback.*function/,
   );
   assert.throws(() => parseSessionEntry({ ...base, extra: true }), /session entry bad\.extra.*未知字段/);
+
+  // 原因的写法也逐字固定：收到的字符串带 JSON 引号写出，别的值按 String() 写出（NaN 就是 NaN）；少了必填字段说“缺失”，
+  // 而不是等到读它时再说类型不对；不在字段清单里的名字（不管它叫什么）都是未知字段。
+  const exact: Array<[unknown, string]> = [
+    [withoutId, "session entry.id 缺失"],
+    [{ ...base, message: resultWithoutIsError }, "session entry bad.message.isError 缺失"],
+    [{ ...base, type: "note" }, 'session entry bad.type 不是已知的 entry 类型："note"'],
+    [{ ...base, type: 5 }, "session entry bad.type 不是已知的 entry 类型：5"],
+    [{ ...base, type: Number.NaN }, "session entry bad.type 不是已知的 entry 类型：NaN"],
+    [{ ...base, message: { role: "tool", content: [], timestamp: 1 } }, 'session entry bad.message.role 不是已知角色："tool"'],
+    [userWith({ content: [{ type: 7, text: "x" }] }), 'session entry bad.message.content[0].type 只能是 "text"，收到 7'],
+    [{ ...base, "Stryker was here": true }, "session entry bad.Stryker was here 是未知字段"],
+  ];
+  for (const [sample, text] of exact) assert.throws(() => parseSessionEntry(sample), { message: text }, text);
 });
 
 // ---------------------------------------------------------------------------
@@ -718,6 +736,45 @@ test(
       entries: [root],
       warnings: [{ code: "unterminated_tail", line: 2 }],
     });
+    // 字节原样解码，开头的 BOM（store 自己从不写）不会被悄悄剥掉：第 1 行不是合法 entry，open 失败；
+    // 尾部还有非法字节、走宽松解码那条路时也一样。
+    const bom = Buffer.from([0xef, 0xbb, 0xbf]);
+    const bomFile = join(dir, "bom.jsonl");
+    await writeFile(bomFile, Buffer.concat([bom, Buffer.from(line(root))]));
+    await assert.rejects(JsonlSessionStore.open(bomFile), /bom\.jsonl.*第 1 行/);
+    const bomTail = join(dir, "bom-tail.jsonl");
+    await writeFile(bomTail, Buffer.concat([bom, Buffer.from(line(root)), badBytes]));
+    await assert.rejects(JsonlSessionStore.open(bomTail), /bom-tail\.jsonl.*第 1 行/);
+
+    // fsync 真的发生：默认打开的实例每次 append 调一次 FileHandle.sync()，以 { fsync: false } 打开的一次也不调。
+    // 数的办法是临时换掉 node:fs/promises 的 open（syncBuiltinESMExports 让 session.js 的 import 也看见替换）。
+    const fsPromises = createRequire(import.meta.url)("node:fs/promises") as { open: typeof import("node:fs/promises").open };
+    const realOpen = fsPromises.open;
+    let syncs = 0;
+    fsPromises.open = (async (...args: Parameters<typeof realOpen>) => {
+      const handle = await realOpen(...args);
+      const realSync = handle.sync.bind(handle);
+      handle.sync = async () => {
+        syncs += 1;
+        return realSync();
+      };
+      return handle;
+    }) as typeof realOpen;
+    syncBuiltinESMExports();
+    try {
+      const durable = await JsonlSessionStore.open(join(dir, "durable.jsonl"));
+      await durable.append(root);
+      await durable.append(child);
+      assert.equal(syncs, 2, "默认每次 append 都 fsync");
+      const loose = await JsonlSessionStore.open(join(dir, "loose.jsonl"), undefined, { fsync: false });
+      await loose.append(root);
+      await loose.append(child);
+      assert.equal(syncs, 2, "fsync: false 时不 fsync");
+      assert.deepEqual(await loose.entries(), [root, child]);
+    } finally {
+      fsPromises.open = realOpen;
+      syncBuiltinESMExports();
+    }
 
     // 崩溃实验：子进程 import 编译后的 session.js，不停追加，被 SIGKILL 杀掉。
     const script = join(dir, "append-until-killed.mjs");

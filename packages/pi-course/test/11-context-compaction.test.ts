@@ -649,11 +649,17 @@ test("Lab 11.5 · 两个压缩点只认最新的一个；结果确定、每次�
   const fromStart = path.map((entry) => (entry.id === "c2" && entry.type === "compaction" ? { ...entry, firstKeptEntryId: "u1" } : entry));
   assert.deepEqual(buildContext(fromStart, unitOptions(100)).keptEntryIds, ["u1", "a1", "u2", "a2", "u3", "a3", "u4", "a4"]);
 
-  // 只认最新的压缩点，也只检查它：firstKept 在它之后、不存在、是 assistant，都拒绝并点出两者（旧压缩点本身没问题）。
-  for (const bad of ["u4", "missing", "a3"]) {
+  // 只认最新的压缩点，也只检查它：firstKept 在它之后、不存在、就是它自己，都说“不在它之前”；是 assistant 则说“不是 interaction 起点”。
+  // 两种错误都点出压缩点与 firstKept（旧压缩点本身没问题）。
+  for (const [bad, reason] of [["u4", "不在它之前"], ["missing", "不在它之前"], ["c2", "不在它之前"], ["a3", "不是 interaction 起点"]] as const) {
     const broken = path.map((entry) => (entry.id === "c2" && entry.type === "compaction" ? { ...entry, firstKeptEntryId: bad } : entry));
-    assert.throws(() => buildContext(broken, unitOptions(100)), new RegExp(`c2.*${bad}`), bad);
+    assert.throws(() => buildContext(broken, unitOptions(100)), new RegExp(`c2.*${bad}.*${reason}`), bad);
   }
+  // 从一条更长的路径上截下来的一段，第一条就是压缩点：它前面什么都没有，同样是“不在它之前”，而不是当它不存在、把原文全部交出去。
+  const headless: SessionEntry[] = [compactionEntry("c0", "u1", summary("开头就压缩")), userEntry("u1", "问题"), assistantEntry("a1", "回答")].map(
+    (entry, index, all) => ({ ...entry, parentId: index === 0 ? "cut-off" : all[index - 1]!.id }),
+  );
+  assert.throws(() => buildContext(headless, unitOptions(100)), /c0.*u1.*不在它之前/);
 });
 
 test("Lab 11.5 · 对已恢复的路径再压缩：parent 是路径末尾，预算 4 里摘要占 2，只剩最后一组", () => {

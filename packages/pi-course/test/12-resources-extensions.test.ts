@@ -1,11 +1,13 @@
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
-import { closeSync, constants, openSync } from "node:fs";
+import { closeSync, constants, existsSync, openSync, readdirSync } from "node:fs";
 import { mkdir, mkdtemp, realpath, rename, rm, symlink, writeFile } from "node:fs/promises";
+import { createRequire, syncBuiltinESMExports } from "node:module";
 import os from "node:os";
 import path from "node:path";
 import test, { type TestContext } from "node:test";
 import { pathToFileURL } from "node:url";
+import { expectNoLeaks } from "../test-support/leak-check.js";
 import { buildContext } from "../src/context.js";
 import {
   activateSkill,
@@ -67,6 +69,28 @@ async function fifo(t: TestContext, file: string): Promise<string> {
     }
   });
   return file;
+}
+
+/** 本进程此刻打开着的文件描述符个数（Linux 与 macOS 的 /dev/fd）；没有 /dev/fd 的平台返回 undefined。 */
+function openFds(): number | undefined {
+  return existsSync("/dev/fd") ? readdirSync("/dev/fd").length : undefined;
+}
+
+/**
+ * body 运行期间，node:fs/promises 的 readdir 总是按名字倒序列出目录（syncBuiltinESMExports 让 resources.js 的 import
+ * 也看见替换），body 结束后换回原样。这样“按目录名排序”不再取决于文件系统碰巧怎样列目录。
+ */
+async function withReversedReaddir<T>(body: () => Promise<T>): Promise<T> {
+  const fsPromises = createRequire(import.meta.url)("node:fs/promises") as { readdir: (dir: string) => Promise<string[]> };
+  const original = fsPromises.readdir;
+  fsPromises.readdir = async (dir: string) => (await original(dir)).sort().reverse();
+  syncBuiltinESMExports();
+  try {
+    return await body();
+  } finally {
+    fsPromises.readdir = original;
+    syncBuiltinESMExports();
+  }
 }
 
 function withFrontmatter(fields: Record<string, string>, body: string, newline = "\n"): string {
@@ -327,6 +351,13 @@ test("Lab 12.1 · catalog 按逻辑名排序、可重复，skill 只有元数据
   await writeSkill(shapes, "d4", { name: "Zulu", description: '"unbalanced' }, "Z");
   await writeSkill(shapes, "d5", { name: "charlie", description: "'mixed\"" }, "C");
   await put(path.join(shapes, "skills", "d6", "SKILL.md"), "---\nname: bravo\n\n   \n---");
+  // 以 # 开头（可以缩进）的行是注释；冒号两边的空白可有可无；值取到行尾，其中的 U+2028、U+2029 也是值的一部分。
+  await put(
+    path.join(shapes, "skills", "d7", "SKILL.md"),
+    "---\n# 注释不是字段\n  # 缩进的注释也跳过\nname:foxtrot\ndescription :  第一行\u2028第二行\u2029第三段 \n---\nF",
+  );
+  // 引号里只有空白的 name 等于没写：退回目录名。
+  await writeSkill(shapes, "golf", { name: '"   "', description: "blank name" }, "G");
   await writeTemplate(shapes, "plain.md", "line one\r\nline two\r\n");
   await writeTemplate(shapes, "tail.md", "---\nname: tail\n---\nfirst\nlast");
   // 这些都不是资源：skills/ 下的普通文件、没有 SKILL.md 的目录、悬空的链接，templates/ 下名为 .md 的目录与悬空的链接。
@@ -344,13 +375,24 @@ test("Lab 12.1 · catalog 按逻辑名排序、可重复，skill 只有元数据
     "skill:charlie",
     "skill:delta",
     "skill:echo",
+    "skill:foxtrot",
+    "skill:golf",
     "template:plain",
     "template:tail",
   ]);
   assert.equal(shaped.instructions[0]!.body, "RULE A\nRULE B");
   assert.deepEqual(
     shaped.skills.map((skill) => [skill.name, skill.description]),
-    [["Zulu", '"unbalanced'], ["alpha", '"'], ["bravo", ""], ["charlie", "'mixed\""], ["delta", ""], ["echo", "padded"]],
+    [
+      ["Zulu", '"unbalanced'],
+      ["alpha", '"'],
+      ["bravo", ""],
+      ["charlie", "'mixed\""],
+      ["delta", ""],
+      ["echo", "padded"],
+      ["foxtrot", "第一行\u2028第二行\u2029第三段"],
+      ["golf", "blank name"],
+    ],
   );
   assert.deepEqual(shaped.templates.map((template) => template.body), ["line one\nline two", "first\nlast"]);
 
@@ -363,11 +405,23 @@ test("Lab 12.1 · catalog 按逻辑名排序、可重复，skill 只有元数据
   };
   await failing((root) => writeTemplate(root, "open.md", "---\nname: open\nbody"), /templates\/open\.md/);
   await failing((root) => writeTemplate(root, "bad.md", "---\nname: bad\njust words\n---\nbody"), /templates\/bad\.md/);
-  await failing((root) => put(path.join(root, "skills", "plain", "SKILL.md"), "no frontmatter here"), /skills\/plain\/SKILL\.md/);
+  // key 必须顶格：缩进的 key 行不是 key: value，错误里的行号从文件第一行（开头的 ---）数起。
+  await failing((root) => writeTemplate(root, "indented.md", "---\n  name: indented\n---\nbody"), /templates\/indented\.md.*第 2 行/);
+  // 发现阶段只读 SKILL.md 的前 64 KiB：frontmatter 在这里面没有结束就按“没有结束行”拒绝；被截断的最后半行不算数，
+  // 哪怕截下的正好是 ---（这一行完整时是 ---tail: y）。
   await failing(async (root) => {
-    await writeSkill(root, "second", { name: "twin", description: "b" }, "B");
-    await writeSkill(root, "first", { name: "twin", description: "a" }, "A");
-  }, /skill:twin.*skills\/first\/SKILL\.md.*skills\/second\/SKILL\.md/);
+    const head = "---\nname: huge\ndescription: ";
+    const filler = "x".repeat(64 * 1024 - 3 - head.length - 1);
+    await put(path.join(root, "skills", "huge", "SKILL.md"), `${head}${filler}\n---tail: y\n---\nHUGE BODY\n`);
+  }, /skills\/huge\/SKILL\.md 的 frontmatter 没有结束行/);
+  await failing((root) => put(path.join(root, "skills", "plain", "SKILL.md"), "no frontmatter here"), /skills\/plain\/SKILL\.md/);
+  // 目录按名字排序后再遍历：即使文件系统倒着列出目录，点出的两个文件也是先 first 后 second。
+  await withReversedReaddir(() =>
+    failing(async (root) => {
+      await writeSkill(root, "second", { name: "twin", description: "b" }, "B");
+      await writeSkill(root, "first", { name: "twin", description: "a" }, "A");
+    }, /skill:twin.*skills\/first\/SKILL\.md.*skills\/second\/SKILL\.md/),
+  );
 
   // 越界：AGENTS.md、skill 目录（哪怕只是指向 root 的上一层）、SKILL.md、模板，任何一个解开链接后在边界外都拒绝并点名。
   const outside = await tempDir(t);
@@ -453,6 +507,14 @@ test("Lab 12.2 · 显式请求的文件按请求字符串去重，并给出规�
   const checklist = await put(path.join(deploy.root, "refs", "checklist.md"), "1. tag\n2. publish\n");
   // skill 目录内部的符号链接是允许的，source 报告它真正指向的文件。
   await symlink(path.join("refs", "checklist.md"), path.join(deploy.root, "latest.md"));
+
+  // 每读一个文件都要关掉它：发现与激活各做十次，本进程打开的文件描述符一个也不多。
+  const fdsBefore = openFds();
+  for (let round = 0; round < 10; round += 1) {
+    await discoverResources([root]);
+    await activateSkill(catalogOf([], [deploy], []), "deploy", { resources: ["refs/checklist.md"] });
+  }
+  assert.equal(openFds(), fdsBefore);
 
   const activated = await activateSkill(catalogOf([], [deploy], []), "deploy", {
     resources: ["refs/checklist.md", "latest.md", "refs/checklist.md", "./refs/checklist.md"],
@@ -787,7 +849,8 @@ test("Lab 12.4 · factory 抛错、与 registry 重名或重复注册时什么�
   assert.deepEqual(toolNames(registry), ["existing", "crashy_tool"]);
 
   // 模块没有函数形式的 default 导出。
-  for (const loaded of [{}, null, { default: "factory" }]) {
+  // 函数不是模块对象：哪怕它带着函数形式的 default 属性也不算。
+  for (const loaded of [{}, null, { default: "factory" }, Object.assign(() => undefined, { default: () => undefined })]) {
     await assert.rejects(
       loadExtension({ id: "no-factory", path: "inline:no-factory" }, { isTrusted: () => true, importModule: async () => loaded, host }),
       /extension no-factory 缺少 default factory/,
@@ -936,7 +999,10 @@ test("Lab 12.5 · before hook 抛错或超时都按失败关闭处理，各产�
     const oddHost = createExtensionHost(new ToolRegistry(), { hookTimeoutMs: 1_000, onDiagnostic: (diagnostic) => oddDiagnostics.push(diagnostic) });
     const odd = recordingCore();
     await loadInline(oddHost, "odd-policy", (pi) => pi.on("beforeToolCall", () => returned as never));
-    const blocked = await oddHost.wrapExecutor(odd.core)(toolCall("call-3", "write", { path: "c.txt" }));
+    // hook 早早答复了，和它赛跑的 1 秒超时计时器要当场清掉，不能留下来拖住进程。
+    const blocked = await expectNoLeaks({ label: `before hook 返回 ${JSON.stringify(returned)}` }, () =>
+      oddHost.wrapExecutor(odd.core)(toolCall("call-3", "write", { path: "c.txt" })),
+    );
     const label = JSON.stringify(returned);
     assert.equal(odd.calls.length, 0, label);
     assert.equal(blocked.isError, true, label);
