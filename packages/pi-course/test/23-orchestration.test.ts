@@ -66,7 +66,7 @@ import { ScriptedModel, type ScriptedTurn } from "../src/scripted-model.js";
 import { SECRET_SAMPLES } from "../test-support/secret-samples.js";
 import { type JsonValue } from "../src/session.js";
 import { type TaskHooks, TaskRuntime, type TaskToolContext } from "../src/task-runtime/task-runner.js";
-import { type TaskSnapshot, type TaskStep } from "../src/task-runtime/task-state.js";
+import { checkpoint, type TaskSnapshot, type TaskStep } from "../src/task-runtime/task-state.js";
 import { TaskStore } from "../src/task-runtime/task-store.js";
 import { objectSchema, stringValue, type Tool, type ToolOutput, ToolRegistry } from "../src/tool.js";
 import {
@@ -725,6 +725,53 @@ test("Lab 23.1 · 同一个查询：DAG 路径只调用一次模型，ReAct 循�
     const boomed = await erring.run("boom");
     assert.deepEqual([boomed.state, boomed.context.outcome], ["failed", "执行器坏了"]);
     assert.deepEqual(store.events("boom").at(-1)!.payload, { executor: "boom", modelCalls: 0 });
+    // 自己写的执行器：拿到的任务只有日志里有的键（没有类型就没有 type 这个键）；规则表里恰好有一条叫 "undefined" 的类型，
+    // 没有类型的任务也不算命中它。日志里别的扩展数据（这里是一段工作记忆）不会被编排器的记录冲掉；
+    // extensions.orchestration 若不是对象（字符串、数组），当作没有记录，不把它的字符或下标并进新记录。
+    // 不限时长、没有 signal 时，交给工具的上下文里也没有 signal 这个键。
+    for (const [index, junk] of (["ab", [7]] as JsonValue[]).entries()) {
+      const seen: unknown[] = [];
+      const toolContexts: unknown[] = [];
+      const spy: Tool<Record<string, never>> = {
+        name: "spy",
+        description: "记下收到的上下文",
+        schema: objectSchema({}),
+        execute: async (_parameters, context) => (toolContexts.push(context), { content: [text("看过了")] }),
+      };
+      const capture = new Orchestrator({
+        router: new TaskRouter({
+          routes: { keep: { kind: "plan-execute", description: "记下任务" } },
+          rules: { undefined: "keep" },
+          chooser: new ScriptedModel([{ stopReason: "error", errorMessage: "不选" }]),
+          fallback: "keep",
+        }),
+        runtime,
+        toolTimeoutMs: Number.POSITIVE_INFINITY,
+        executors: {
+          keep: {
+            kind: "plan-execute",
+            name: "keep",
+            execute: async (task, options) => {
+              seen.push(task);
+              await options!.tracker!.tool({ type: "toolCall", id: "k1", name: "spy", arguments: {} }, new ToolRegistry([spy]), "k");
+              return { status: "completed", output: "记下了", modelCalls: 0, tokens: 0, details: { seen: 1 } };
+            },
+          },
+        },
+      });
+      const id = `keep-${index}`;
+      const submitted = await capture.submit({ id, input: "记下" });
+      await store.commit({ snapshot: checkpoint(submitted, (context) => void (context.extensions = { note: "工作记忆", orchestration: junk }), 1), events: [] });
+      const kept = await capture.run(id);
+      assert.deepEqual(seen, [{ taskId: id, input: "记下" }], "执行器拿到的任务没有值为 undefined 的 type 键");
+      assert.deepEqual(toolContexts, [{ taskId: id, step: 2, idempotencyKey: `${id}#2`, callId: "k1" }], "没有 signal 时上下文里没有 signal 键");
+      assert.equal(kept.state, "completed");
+      assert.equal(kept.context.extensions?.note, "工作记忆", "别的扩展数据原样留着");
+      const keptRecord = kept.context.extensions?.[ORCHESTRATION_KEY] as unknown as OrchestrationRecord;
+      assert.deepEqual(Object.keys(keptRecord).sort(), ["calls", "details", "route"], "不是对象的旧记录不并进来");
+      assert.equal(keptRecord.route?.by, "default", "没有类型的任务不命中名叫 undefined 的规则");
+      assert.deepEqual(keptRecord.details, { seen: 1 });
+    }
     // ReAct 执行器把 signal 交给 TaskRuntime：已取消的 signal 不调用模型。
     await runtime.submit({ id: "react-x", input: "不会跑" });
     const reactOutcome = await new ReactExecutor({ runtime }).execute({ taskId: "react-x", input: "不会跑" }, { signal: cancelledAlready.signal });
