@@ -5,6 +5,7 @@
 
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
+import { getEventListeners } from "node:events";
 import { readdirSync, readlinkSync } from "node:fs";
 import { mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
 import os, { tmpdir } from "node:os";
@@ -1890,6 +1891,7 @@ test("Lab 23.3 · 隔离：交错执行的任务各自只看见自己的数据�
 
     // 排队中的 D 被取消：不等名额，也从不调用模型。
     assert.equal(scheduler.cancel("D"), true);
+    assert.equal(scheduler.phase("D"), "running", "出队之后交给 runner.cancel 收尾：这一刻它的阶段是 running，不是 queued");
     // 运行中的 B 被取消：它的工具返回之后，在下一个检查点停下，随后迁到 cancelled。
     assert.equal(scheduler.cancel("B"), true);
     // 倒着放行：C 先于 A 完成，B 的工具也返回了。
@@ -1997,6 +1999,7 @@ test("Lab 23.3 · 隔离：交错执行的任务各自只看见自己的数据�
   assert.equal(fake.cancel("finished", "用户撤回"), true);
   for (const id of ["stopped", "swapped", "vanished"]) fake.cancel(id);
   caller.abort();
+  assert.equal(getEventListeners(caller.signal, "abort").length, 0, "signal 触发之后，调度器的监听随即摘掉，不等任务结束");
   for (const gate of held.values()) gate.resolve();
   held.clear();
   assert.equal(await late.finished, "completed", "停下之前已经到了终态：终态保留");
