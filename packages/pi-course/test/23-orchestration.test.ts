@@ -841,6 +841,7 @@ test("Lab 23.2 · 规划-执行：计划是检查过的数据，步骤按顺序�
   assert.equal(outcome.status, "completed");
   assert.equal(outcome.output, "11 月毛利 40 万");
   assert.equal(outcome.modelCalls, 2, "一次规划 + 一次回答");
+  assert.ok(!Object.hasOwn(outcome, "error"), "完成的结局里没有 error 这个键（连值为 undefined 的也没有）");
   assert.equal(outcome.tokens, 50);
   assert.deepEqual(calls, ["read_sales(2026-11)", "read_costs(2026-11)"]);
   assert.deepEqual(steps.map((step) => step.kind), ["plan", "plan_step", "plan_step"]);
@@ -978,14 +979,20 @@ test("Lab 23.2 · 规划-执行：计划是检查过的数据，步骤按顺序�
   // 每次调用都经过传进来的 tracker，并写明属于计划的哪一段：plan、步骤 id、answer（修订是 revise）。
   const counting = countingTracker("p20");
   const through: string[] = [];
+  const planCalls: ToolCall[] = [];
   const tracker: CallTracker = {
     model: (inner, node) => (through.push(`model:${node}`), counting.model(inner, node)),
-    tool: (call, registry, node, signal) => (through.push(`tool:${node}:${call.name}`), counting.tool(call, registry, node, signal)),
+    tool: (call, registry, node, signal) => (through.push(`tool:${node}:${call.name}`), planCalls.push(structuredClone(call)), counting.tool(call, registry, node, signal)),
     modelCalls: () => counting.modelCalls(),
     tokens: () => counting.tokens(),
   };
   const tracked = await new PlanExecuteExecutor({ name: "report", model: new ScriptedModel([reply(PLAN, 30), reply("好", 20)]), tools: salesTools([]) }).execute({ taskId: "p20", input: "x" }, { tracker });
   assert.deepEqual(through, ["model:plan", "tool:s1:read_sales", "tool:s2:read_costs", "model:answer"]);
+  // 交给 tracker（以及经过它的 gateTool 钩子）的是完整的工具调用：type、id、name、arguments 都在。
+  assert.deepEqual(planCalls, [
+    { type: "toolCall", id: "p20:s1", name: "read_sales", arguments: { month: "2026-11" } },
+    { type: "toolCall", id: "p20:s2", name: "read_costs", arguments: { month: "2026-11" } },
+  ]);
   assert.deepEqual([tracked.modelCalls, tracked.tokens], [2, 50]);
 
   // 经由 Orchestrator（Lab 23.1）跑规划-执行：任务写进日志，工具调用过每一个钩子。
