@@ -375,9 +375,11 @@ test("Lab 23.1 · DAG：依赖都完成的节点同时启动；一个节点失�
         id: "events",
         async run(context) {
           const seen: string[] = [];
-          for await (const event of context.model.stream({ messages: [] })) {
+          const stream = context.model.stream({ messages: [] });
+          for await (const event of stream) {
             seen.push(`${event.type}:${String((event as { reason?: string }).reason)}:${String((event as { error?: AssistantMessage }).error?.errorMessage)}`);
           }
+          seen.push(`content:${JSON.stringify((await stream.result()).content)}`);
           return seen;
         },
       },
@@ -390,10 +392,15 @@ test("Lab 23.1 · DAG：依赖都完成的节点同时启动；一个节点失�
   assert.match(failure.ask!, /模型调用失败：这张图没有配置模型/);
   assert.match(failure.missing!, /no_such_tool/);
   assert.deepEqual(missingInputs, {}, "没有依赖的节点，inputs 是空对象");
-  assert.deepEqual(failures.nodes[3]!.output, ["error:error:这张图没有配置模型"]);
+  assert.deepEqual(failures.nodes[3]!.output, ["error:error:这张图没有配置模型", "content:[]"], "没配模型时的失败回复没有内容块");
   const erroring = new ToolRegistry([{ name: "flaky", description: "总是失败", schema: objectSchema({}), execute: async () => ({ content: [text("上游 503")], isError: true }) }]);
-  const toolFailed = await runDag([toolNode("call", { tool: "flaky", arguments: () => ({}) })], task, { tools: erroring });
+  // 节点发起的工具调用原样交给 tracker（Orchestrator 的 tracker 再交给 gateTool 钩子）：type、id、name、arguments 都在。
+  const dagCounting = countingTracker(task.taskId);
+  const dagCalls: ToolCall[] = [];
+  const dagTracker: CallTracker = { ...dagCounting, tool: (call, registry, node, signal) => (dagCalls.push(structuredClone(call)), dagCounting.tool(call, registry, node, signal)) };
+  const toolFailed = await runDag([toolNode("call", { tool: "flaky", arguments: () => ({ why: "试试" }) })], task, { tools: erroring, tracker: dagTracker });
   assert.deepEqual(toolFailed.nodes[0], { id: "call", status: "failed", error: "上游 503" });
+  assert.deepEqual(dagCalls, [{ type: "toolCall", id: `${task.taskId}:call`, name: "flaky", arguments: { why: "试试" } }]);
 
   // 图在运行之前检查。
   const plain = (id: string, dependsOn: string[] = []): DagNode => ({ id, dependsOn, run: () => id });
