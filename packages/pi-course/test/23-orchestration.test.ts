@@ -2383,6 +2383,12 @@ test("Lab 23.4 · 执行树：task → model / tool，带有界且脱敏的摘�
     assert.deepEqual(dagSpans[0]!.tokens, { input: 250, output: 50 });
     assert.equal(dagSpans[6]!.outputDigest, "可以发货，运费 12 元");
     assert.equal(formatSpanTree(dagSpans), DAG_TREE);
+    // 估不出费用的节点（只有工具调用的组、工具调用）没有 costUsd 这个键，连值为 undefined 的也没有。
+    assert.deepEqual(dagSpans.filter((span) => Object.hasOwn(span, "costUsd")).map((span) => span.id), ["d-1", "d-1/answer", "d-1/3"]);
+    // 任务从 created 事件算起，不管它排在第几条。
+    const shuffled = structuredClone(dag);
+    shuffled.events = [shuffled.events[1]!, shuffled.events[0]!, shuffled.events[2]!];
+    assert.equal(buildSpanTree(shuffled)[0]!.startedAt, 1_000, "created 事件不在第一条也认得出来");
     // 分组节点的状态取组里最坏的一个：有出错的是 error，否则有取消的是 cancelled。
     const troubled = structuredClone(dag);
     const troubledSteps = troubled.snapshot.context.steps;
@@ -2439,6 +2445,13 @@ test("Lab 23.4 · 执行树：task → model / tool，带有界且脱敏的摘�
     ended.snapshot.state = "cancelled";
     ended.events.push({ taskId: "o-1", from: "paused", to: "cancelled", event: "cancelled", payload: null, at: 1_400 });
     assert.deepEqual([buildSpanTree(ended)[0]!.status, buildSpanTree(ended)[0]!.endedAt, buildSpanTree(ended)[0]!.costUsd], ["cancelled", 1_400, undefined]);
+    assert.ok(!Object.hasOwn(buildSpanTree(ended)[0]!, "costUsd"), "价目表里没有这个模型：任务节点没有 costUsd 这个键");
+    // 外来的日志里，工具调用块可能缺 arguments：参数摘要是空的，回复写成 名字()。
+    const argless = structuredClone(paused);
+    const arglessReply = argless.snapshot.context.messages[2] as AssistantMessage;
+    delete (arglessReply.content[0] as { arguments?: unknown }).arguments;
+    const arglessSpans = buildSpanTree(argless, { prices: m2 });
+    assert.deepEqual([arglessSpans[1]!.outputDigest, arglessSpans[2]!.inputDigest], ["assistant: grep()", ""]);
     const bare = structuredClone(paused);
     bare.events = [];
     assert.equal(buildSpanTree(bare)[0]!.startedAt, 2_000, "没有事件时从检查点时间算起");
@@ -2534,6 +2547,10 @@ test("Lab 23.4 · 重放：失败任务的日志写成 ScriptedModel 脚本与�
       const turnText = (turns: ScriptedTurn[]): string[] =>
         turns.map((turn) => ("role" in turn ? `reply:${turn.stopReason}` : `${turn.stopReason}:${turn.errorMessage}`));
       assert.deepEqual(turnText(scriptFromLog(record)), ["reply:toolUse", "error:upstream 503", "reply:error"]);
+      // 脚本按步骤号排，不按步骤在日志里的位置：步骤倒过来写的记录得到同一份脚本。
+      const reversed = structuredClone(record);
+      reversed.snapshot.context.steps.reverse();
+      assert.deepEqual(scriptFromLog(reversed), scriptFromLog(record), "步骤在日志里的先后不影响脚本");
       const unexplained = structuredClone(record);
       for (const step of unexplained.snapshot.context.steps) {
         if (step.type === "model_call") delete step.error;
