@@ -2673,6 +2673,11 @@ test("Lab 23.4 · 指标：成功率、按类型的平均成本、P95 端到端�
     assert.deepEqual([wider.humanIntervened, wider.humanInterventionRate], [0, 0], "默认判定：这份日志里没有 needs_human");
     const waiting = computeMetrics(more.filter((record) => record.snapshot.taskId !== "x1"));
     assert.deepEqual([waiting.cancelled, waiting.unfinished], [0, 1], "还没跑的任务不是取消");
+    // 日志是外来数据：写着 completed、却没有终态事件的记录（例如截短了的日志）算不出端到端时延，不进 P95 的样本。
+    const endless = structuredClone(records[0]!);
+    endless.events = endless.events.filter((item) => item.event === "created");
+    const withEndless = computeMetrics([...records, endless]);
+    assert.deepEqual([withEndless.completed, withEndless.latencySamples, withEndless.p95LatencyMs], [7, 7, 3_000], "没有终态事件的任务不进时延样本");
     assert.deepEqual(Object.keys(wider.costByType), ["audit", "query", "report", "task"], "类型名按字典序");
     assert.deepEqual(wider.costByType.task, { tasks: 1, meanCostUsd: null, meanTokens: 0 }, "没调用过模型的任务没有费用");
     assert.deepEqual(wider.costByType.audit, { tasks: 1, meanCostUsd: null, meanTokens: 0 });
