@@ -179,6 +179,7 @@ test("Lab 23.1 · 路由：规则优先且不调用模型；规则没覆盖的�
   // 路由模型的请求：格式写在 system 里，任务类型随输入一起给；调用方的 signal 也交给它（已取消就是一次失败的调用）。
   assert.ok(prompt.includes('{"route":"路线名"}'), prompt);
   assert.ok(prompt.split("\n").includes("- report：多步骤的报表"), "每条路线单独一行");
+  assert.ok(prompt.split("\n").every((line) => line.trim() !== ""), `路由提示里没有空行，每一句说明都在：${prompt}`);
   assert.equal(textOf(chooser.requests[0]!.messages.at(-1)!), "任务类型：refund_summary\n把上周的退款整理一下");
   assert.equal(textOf(chooser.requests[1]!.messages.at(-1)!), "翻译这段话", "没有类型的任务只给输入");
   assert.match(chosen.reason, /类型 refund_summary/);
@@ -732,6 +733,7 @@ test("Lab 23.1 · 同一个查询：DAG 路径只调用一次模型，ReAct 循�
     assert.equal((erred.context.extensions?.[ORCHESTRATION_KEY] as unknown as OrchestrationRecord).calls.find((entry) => entry.node === "ask")!.error, "上游 500");
     const boomed = await erring.run("boom");
     assert.deepEqual([boomed.state, boomed.context.outcome], ["failed", "执行器坏了"]);
+    assert.ok(!Object.hasOwn(boomed.context.extensions?.[ORCHESTRATION_KEY] as object, "details"), "执行器没交回 details：记录里没有这个键");
     assert.deepEqual(store.events("boom").at(-1)!.payload, { executor: "boom", modelCalls: 0 });
     // 自己写的执行器：拿到的任务只有日志里有的键（没有类型就没有 type 这个键）；规则表里恰好有一条叫 "undefined" 的类型，
     // 没有类型的任务也不算命中它。日志里别的扩展数据（这里是一段工作记忆）不会被编排器的记录冲掉；
@@ -744,7 +746,7 @@ test("Lab 23.1 · 同一个查询：DAG 路径只调用一次模型，ReAct 循�
         name: "spy",
         description: "记下收到的上下文",
         schema: objectSchema({}),
-        execute: async (_parameters, context) => (toolContexts.push(context), { content: [text("看过了")] }),
+        execute: async (_parameters, context) => (toolContexts.push(context), { content: [text("看".repeat(200))] }),
       };
       const capture = new Orchestrator({
         router: new TaskRouter({
@@ -774,6 +776,8 @@ test("Lab 23.1 · 同一个查询：DAG 路径只调用一次模型，ReAct 循�
       assert.deepEqual(seen, [{ taskId: id, input: "记下" }], "执行器拿到的任务没有值为 undefined 的 type 键");
       assert.deepEqual(toolContexts, [{ taskId: id, step: 2, idempotencyKey: `${id}#2`, callId: "k1" }], "没有 signal 时上下文里没有 signal 键");
       assert.equal(kept.state, "completed");
+      const spyStep = kept.context.steps.find((step) => step.type === "tool_call");
+      assert.equal(spyStep?.type === "tool_call" ? spyStep.result : "", "看".repeat(200), "恰好 200 个字符的结果原样写进步骤，不截");
       assert.equal(kept.context.extensions?.note, "工作记忆", "别的扩展数据原样留着");
       const keptRecord = kept.context.extensions?.[ORCHESTRATION_KEY] as unknown as OrchestrationRecord;
       assert.deepEqual(Object.keys(keptRecord).sort(), ["calls", "details", "route"], "不是对象的旧记录不并进来");
@@ -916,6 +920,9 @@ test("Lab 23.2 · 规划-执行：计划是检查过的数据，步骤按顺序�
   // 修订的回复：{"keep":true} 是保留，别的都要是一组合格的新步骤。
   assert.equal(parseRevision('{"keep":true}', registry, new Set(["s1"])), undefined);
   assert.throws(() => parseRevision('{"keep":false}', registry, new Set(["s1"])), /steps 必须是非空数组/);
+  // 同时给了 keep 与 steps：那就不是单纯的 {"keep":true}，按新步骤处理（坏了的 steps 同样被拒绝）。
+  assert.deepEqual(parseRevision(JSON.stringify({ keep: true, steps: [eight[2]!] }), registry, new Set(["s1"]))?.map((step) => step.id), ["s2"]);
+  assert.throws(() => parseRevision('{"keep":true,"steps":[]}', registry, new Set(["s1"])), /steps 必须是非空数组/);
   assert.throws(() => parseRevision('"keep"', registry, new Set()), /修订必须是一个 JSON 对象/);
 
   // 请求的内容：规划请求写明格式与步数上限、每个工具一行；回答请求只有一句 system、工作记忆段和用户输入。
@@ -925,6 +932,8 @@ test("Lab 23.2 · 规划-执行：计划是检查过的数据，步骤按顺序�
   assert.ok(planning.includes(PLAN_FORMAT) && planning.includes(`最多 ${MAX_PLAN_STEPS} 步`), planning);
   assert.match(planning, /^- read_sales：读取某月销售额$/m);
   assert.match(planning, /^- read_costs：读取某月成本$/m);
+  assert.ok(planning.split("\n").every((line) => line.trim() !== ""), `规划提示里没有空行，每一句说明都在：${planning}`);
+  assert.match(textOf(model.requests[1]!.messages[0]!), /工作记忆/, "回答请求的 system 说明要依据工作记忆作答");
   assert.deepEqual(model.requests[0]!.messages.slice(1).map(textOf), ["11 月赚了多少？"]);
   assert.deepEqual(model.requests[1]!.messages.map((message) => message.role), ["system", "system", "user"]);
   assert.equal(textOf(model.requests[1]!.messages[2]!), "11 月赚了多少？");
@@ -941,10 +950,14 @@ test("Lab 23.2 · 规划-执行：计划是检查过的数据，步骤按顺序�
   assert.deepEqual(recorded.notes.map((note) => `${note.key}<${note.source}`), ["goal<plan", "s1<p1:s1", "s2<p1:s2"]);
 
   // 笔记是摘要：很长的工具结果截短之后才记下。
-  const long = new ToolRegistry([{ name: "dump", description: "吐出很长的文本", schema: objectSchema({}), execute: async () => ({ content: [text("长".repeat(1_000))] }) }]);
-  const dumpPlan = JSON.stringify({ goal: "g", steps: [{ id: "s1", tool: "dump", arguments: {} }] });
+  const long = new ToolRegistry([
+    { name: "dump", description: "吐出很长的文本", schema: objectSchema({}), execute: async () => ({ content: [text("长".repeat(1_000))] }) },
+    { name: "exact", description: "恰好 400 个字符", schema: objectSchema({}), execute: async () => ({ content: [text("整".repeat(400))] }) },
+  ]);
+  const dumpPlan = JSON.stringify({ goal: "g", steps: [{ id: "s1", tool: "dump", arguments: {} }, { id: "s2", tool: "exact", arguments: {} }] });
   const dumped = await new PlanExecuteExecutor({ name: "report", model: new ScriptedModel([reply(dumpPlan), reply("好")]), tools: long }).execute({ taskId: "p7", input: "x" });
-  const [clipped] = (dumped.details as { steps: Array<{ result: string }> }).steps;
+  const [clipped, exact] = (dumped.details as { steps: Array<{ result: string }> }).steps;
+  assert.equal(exact!.result, "整".repeat(400), "恰好 400 个字符的结果原样记进笔记，不截");
   assert.ok(clipped!.result.length <= 400 && clipped!.result.startsWith("长长长") && clipped!.result.length < 1_000, `笔记没有截短：${clipped!.result.length} 个字符`);
 
   // 模型调用失败就是任务失败（取消就是取消），原因写进 error；一个工具都不运行。别的错误（例如日志写不进去）原样交给调用方。
@@ -1082,6 +1095,8 @@ test("Lab 23.2 · 修订：失败的步骤之后模型改写剩下的计划，�
   assert.deepEqual(calls, ["read_sales(2026-13)", "read_sales(2026-11)", "read_costs(2026-11)"], "s2 被修订替换，没有运行");
   assert.deepEqual(steps.find((step) => step.kind === "plan_revision"), { kind: "plan_revision", kept: false, after: "s1", steps: ["s3", "s4"] });
   const revisionPrompt = model.requests[1]!.messages.map(textOf).join("\n");
+  const revisionSystem = textOf(model.requests[1]!.messages[0]!);
+  assert.ok(revisionSystem.includes(REVISION_FORMAT) && revisionSystem.split("\n").every((line) => line.trim() !== ""), `修订提示里没有空行，每一句说明都在：${revisionSystem}`);
   assert.match(revisionPrompt, /s1（read_sales）失败：没有 2026-13 的数据/);
   assert.match(revisionPrompt, /"id":"s2"/, "修订请求里带着剩下的计划");
   const details = outcome.details as { plan: { steps: Array<{ id: string }> }; revised: boolean };
@@ -2562,6 +2577,7 @@ test("Lab 23.4 · 重放：失败任务的日志写成 ScriptedModel 脚本与�
       // 回放的工具只交回记录里的那条结果；记录里没有的调用是一个错误，不会去做真实的事。
       const [replayed0] = recordedTools(record);
       assert.equal(replayed0!.name, "lookup");
+      assert.match(replayed0!.description, /回放.*lookup/, "回放工具的说明写明它只回放 lookup 的记录");
       assert.deepEqual(await replayed0!.execute({}, { callId: "c1" }), { content: record.snapshot.context.messages.find((m): m is ToolResultMessage => m.role === "toolResult")!.content, isError: false });
       await assert.rejects(replayed0!.execute({}, { callId: "nope" }), /日志里没有调用 nope 的结果/);
       // 走 DAG 或规划-执行路线的任务不经过 TaskRuntime：不能这样重放，而且要说清楚为什么。
@@ -2603,7 +2619,9 @@ test("Lab 23.4 · 指标：成功率、按类型的平均成本、P95 端到端�
   const unsorted = [3, 1, 2];
   assert.equal(percentile(unsorted, 1), 3, "p = 1 是最大的那个");
   assert.deepEqual(unsorted, [3, 1, 2], "percentile 不改动输入");
-  for (const p of [0, 1.5, Number.NaN]) assert.throws(() => percentile([1], p), RangeError, `p = ${p} 不在 (0, 1] 里`);
+  for (const p of [0, 1.5, Number.NaN]) {
+    assert.throws(() => percentile([1], p), (error: unknown) => error instanceof RangeError && error.message.includes(`分位数必须在 (0, 1] 之间，收到 ${p}`), `p = ${p} 不在 (0, 1] 里`);
+  }
 
   const dir = await tempDir();
   const store = await TaskStore.open(path.join(dir, "tasks.log"), { fsync: false });
