@@ -41,6 +41,7 @@ import {
   Orchestrator,
   outcomeOf,
   parseRouteReply,
+  PREVIEW_CHARS,
   ReactExecutor,
   type RoutedTask,
   TaskRouter,
@@ -67,7 +68,7 @@ import { ScriptedModel, type ScriptedTurn } from "../src/scripted-model.js";
 import { SECRET_SAMPLES } from "../test-support/secret-samples.js";
 import { type JsonValue } from "../src/session.js";
 import { type TaskHooks, TaskRuntime, type TaskToolContext } from "../src/task-runtime/task-runner.js";
-import { checkpoint, type TaskSnapshot, type TaskStep } from "../src/task-runtime/task-state.js";
+import { checkpoint, type TaskSnapshot, type TaskStep, transition } from "../src/task-runtime/task-state.js";
 import { TaskStore } from "../src/task-runtime/task-store.js";
 import { objectSchema, stringValue, type Tool, type ToolOutput, ToolRegistry } from "../src/tool.js";
 import {
@@ -182,6 +183,7 @@ test("Lab 23.1 · 路由：规则优先且不调用模型；规则没覆盖的�
   assert.ok(prompt.split("\n").every((line) => line.trim() !== ""), `路由提示里没有空行，每一句说明都在：${prompt}`);
   assert.equal(textOf(chooser.requests[0]!.messages.at(-1)!), "任务类型：refund_summary\n把上周的退款整理一下");
   assert.equal(textOf(chooser.requests[1]!.messages.at(-1)!), "翻译这段话", "没有类型的任务只给输入");
+  assert.deepEqual(chooser.requests[0]!.messages.map((message) => message.role), ["system", "user"], "任务是一条 user 消息");
   assert.match(chosen.reason, /类型 refund_summary/);
   const halt = new AbortController();
   halt.abort();
@@ -742,6 +744,7 @@ test("Lab 23.1 · 同一个查询：DAG 路径只调用一次模型，ReAct 循�
     for (const [index, junk] of (["ab", [7]] as JsonValue[]).entries()) {
       const seen: unknown[] = [];
       const toolContexts: unknown[] = [];
+      const requested: unknown[] = [];
       const spy: Tool<Record<string, never>> = {
         name: "spy",
         description: "记下收到的上下文",
@@ -757,6 +760,7 @@ test("Lab 23.1 · 同一个查询：DAG 路径只调用一次模型，ReAct 循�
         }),
         runtime,
         toolTimeoutMs: Number.POSITIVE_INFINITY,
+        hooks: { onEvent: (event) => void (event.kind === "model_request" && requested.push(event)) },
         executors: {
           keep: {
             kind: "plan-execute",
@@ -764,6 +768,10 @@ test("Lab 23.1 · 同一个查询：DAG 路径只调用一次模型，ReAct 循�
             execute: async (task, options) => {
               seen.push(task);
               await options!.tracker!.tool({ type: "toolCall", id: "k1", name: "spy", arguments: {} }, new ToolRegistry([spy]), "k");
+              // 执行器自己发的两次模型请求：一次没有消息、带着工具、回复里有工具调用；一次的输入超过预览上限。
+              const talker = options!.tracker!.model(new ScriptedModel([callReply("m1", "spy", {}), reply("收到")]), "k");
+              await talker.stream({ messages: [], tools: [{ name: "spy", description: "记下收到的上下文", parameters: {} }] }).result();
+              await talker.stream({ messages: [{ role: "user", content: [text("长".repeat(PREVIEW_CHARS + 100))], timestamp: 0 }] }).result();
               return { status: "completed", output: "记下了", modelCalls: 0, tokens: 0, details: { seen: 1 } };
             },
           },
@@ -772,10 +780,17 @@ test("Lab 23.1 · 同一个查询：DAG 路径只调用一次模型，ReAct 循�
       const id = `keep-${index}`;
       const submitted = await capture.submit({ id, input: "记下" });
       await store.commit({ snapshot: checkpoint(submitted, (context) => void (context.extensions = { note: "工作记忆", orchestration: junk }), 1), events: [] });
+      if (index === 1) {
+        // 第二个任务像是进程在执行中途没了：日志里停在 running。再 run 时不再迁移（running → running 不合法），直接执行。
+        const moved = transition(store.latest(id)!, "running", "started", { executor: "keep", kind: "plan-execute" }, 2);
+        await store.commit({ snapshot: moved.snapshot, events: [moved.event] });
+      }
       const kept = await capture.run(id);
       assert.deepEqual(seen, [{ taskId: id, input: "记下" }], "执行器拿到的任务没有值为 undefined 的 type 键");
       assert.deepEqual(toolContexts, [{ taskId: id, step: 2, idempotencyKey: `${id}#2`, callId: "k1" }], "没有 signal 时上下文里没有 signal 键");
       assert.equal(kept.state, "completed");
+      assert.deepEqual(store.events(id).map((event) => event.event), ["created", "started", "completed"], "只迁移一次到 running");
+      if (index === 1) assert.equal(store.events(id)[1]!.at, 2, "停在 running 的任务再 run：started 还是崩溃前的那一条");
       const spyStep = kept.context.steps.find((step) => step.type === "tool_call");
       assert.equal(spyStep?.type === "tool_call" ? spyStep.result : "", "看".repeat(200), "恰好 200 个字符的结果原样写进步骤，不截");
       assert.equal(kept.context.extensions?.note, "工作记忆", "别的扩展数据原样留着");
@@ -783,11 +798,32 @@ test("Lab 23.1 · 同一个查询：DAG 路径只调用一次模型，ReAct 循�
       assert.deepEqual(Object.keys(keptRecord).sort(), ["calls", "details", "route"], "不是对象的旧记录不并进来");
       assert.equal(keptRecord.route?.by, "default", "没有类型的任务不命中名叫 undefined 的规则");
       assert.deepEqual(keptRecord.details, { seen: 1 });
+      // 调用记录：没有消息的请求输入是空的，超过上限的输入截成 PREVIEW_CHARS 个字符（最后一个是省略号）；
+      // 回复里的工具调用 id 记进步骤；审计看到的 model_request 写着这次请求给了哪些工具。
+      const talks = keptRecord.calls.filter((entry) => entry.node === "k" && entry.model !== undefined);
+      assert.deepEqual(talks.map((entry) => entry.input), ["", `${"长".repeat(PREVIEW_CHARS - 1)}…`]);
+      assert.deepEqual(kept.context.steps.filter((step) => step.type === "model_call").map((step) => (step.type === "model_call" ? step.toolCallIds : [])), [[], ["m1"], []]);
+      assert.deepEqual(requested.map((event) => (event as { tools: string[] }).tools), [[], ["spy"], []], "model_request 里是这次请求的工具名");
     }
     // ReAct 执行器把 signal 交给 TaskRuntime：已取消的 signal 不调用模型。
     await runtime.submit({ id: "react-x", input: "不会跑" });
     const reactOutcome = await new ReactExecutor({ runtime }).execute({ taskId: "react-x", input: "不会跑" }, { signal: cancelledAlready.signal });
     assert.deepEqual([reactOutcome.status, reactOutcome.modelCalls], ["cancelled", 0]);
+    // 经过 Orchestrator 的 ReAct 任务：调用方的 signal 一路交给 TaskRuntime，运行中途取消就停在 paused，不再调用模型。
+    const midway = new AbortController();
+    let reactCalls = 0;
+    const reactRuntime = new TaskRuntime({
+      store,
+      model: new RequestModel(() => ((reactCalls += 1) === 1 ? (midway.abort(), callReply("r1", "nothing", {})) : reply("做完了"))),
+    });
+    const reactOnly = new Orchestrator({
+      router: new TaskRouter({ routes: { react: { kind: "react", description: "开放式任务" } }, rules: { r: "react" }, chooser, fallback: "react" }),
+      runtime: reactRuntime,
+      executors: { react: new ReactExecutor({ runtime: reactRuntime }) },
+    });
+    await reactOnly.submit({ id: "react-mid", input: "做到一半就取消", type: "r" });
+    const midwayStopped = await reactOnly.run("react-mid", { signal: midway.signal });
+    assert.deepEqual([midwayStopped.state, reactCalls], ["paused", 1], "运行中途取消的 ReAct 任务停在 paused");
     // 只计数的 tracker：数模型调用，累计 token。
     const counter = countingTracker("c-1");
     await counter.model(new ScriptedModel([reply("x", 12)]), "n").stream({ messages: [] }).result();
