@@ -2454,6 +2454,15 @@ test("Lab 23.4 · 执行树：task → model / tool，带有界且脱敏的摘�
       "tool:shipping_fee:ok:0:d-1/shipping",
       "model:scripted-v1:cancelled:0:d-1/shipping",
     ]);
+    // 多个成员的组：从最早的开始到最晚的结束；有一个成员有 token，组就有 token（工具调用没有）。
+    const shippingGroup = buildSpanTree(troubled).find((span) => span.id === "d-1/shipping")!;
+    assert.deepEqual([shippingGroup.startedAt, shippingGroup.endedAt, shippingGroup.tokens], [1_010, 1_200, { input: 250, output: 50 }]);
+    // 一个成员出错、一个没有：组是 error。
+    const mixed = structuredClone(dag);
+    mixed.snapshot.context.steps[1] = { ...mixed.snapshot.context.steps[1]!, isError: true } as TaskStep;
+    (mixed.snapshot.context.extensions!.orchestration as { calls: { node: string }[] }).calls[1]!.node = "check_stock";
+    assert.equal(buildSpanTree(mixed).find((span) => span.id === "d-1/check_stock")!.status, "error", "组里有一个出错就是 error");
+    assert.equal(formatSpanTree([]), "", "没有节点就没有行");
 
     // 一个停在 paused 的任务：没有 created 事件（从第一条事件算起）、没有类型、没有结论；步骤没记开始时间时，
     // 从上一步结束或此前最近的一次迁移算起；system 补丁不是模型回应的输入；价目表由调用方给。
