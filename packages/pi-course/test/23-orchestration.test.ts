@@ -2333,6 +2333,7 @@ test("Lab 23.4 · 执行树：task → model / tool，带有界且脱敏的摘�
   assert.equal(messageText({ role: "toolResult", toolCallId: "c", toolName: "t", content: [text("好")], isError: false, timestamp: 0 }), "toolResult: 好");
   assert.equal(messageText(assistantMessage([text("先查"), call("c", "lookup", { a: 1 })], "toolUse")), 'assistant: 先查 lookup({"a":1})');
   assert.equal(messageText(assistantMessage([text("半句")], "aborted", { errorMessage: "取消了" })), "assistant: 半句 错误: 取消了");
+  assert.equal(messageText(assistantMessage([text("半句")], "aborted")), "assistant: 半句", "没有原因的失败回复不写“错误: undefined”");
   assert.equal(messageText(assistantMessage([text("答")], "stop", { errorMessage: "不该出现" })), "assistant: 答");
   // 没有步骤号、还没结束的节点：标题行写 #? 与“未结束”。
   assert.equal(formatSpanLine({ id: "t/x", parentId: "t", kind: "tool", name: "grep", startedAt: 5, status: "open", retries: 0 }), "tool grep #? · open · 未结束");
@@ -2347,6 +2348,12 @@ test("Lab 23.4 · 执行树：task → model / tool，带有界且脱敏的摘�
     assert.deepEqual(await readTaskLog(absent), []);
     await assert.rejects(readFile(absent), { code: "ENOENT" }, "读一份不存在的日志不创建它");
     const spans = buildSpanTree(record);
+    // 第 22 章之前的日志没有 attempt：重试次数从“同一个请求之前连续失败了几次”数出来，结果相同。
+    const noAttempt = structuredClone(record);
+    for (const step of noAttempt.snapshot.context.steps) delete (step as { attempt?: number }).attempt;
+    for (const entry of ((noAttempt.snapshot.context.extensions?.orchestration as { calls?: { attempt?: number }[] } | undefined)?.calls ?? [])) delete entry.attempt;
+    assert.deepEqual(buildSpanTree(noAttempt).map((span) => span.retries), spans.map((span) => span.retries), "没有 attempt 的旧日志数出同样的重试次数");
+    assert.ok(spans.some((span) => span.retries > 0));
     assert.deepEqual(shape(spans), [
       "task:report:ok:1:-",
       "model:scripted-v1:error:0:r-1",
@@ -2512,6 +2519,16 @@ test("Lab 23.4 · 执行树：task → model / tool，带有界且脱敏的摘�
     delete (arglessReply.content[0] as { arguments?: unknown }).arguments;
     const arglessSpans = buildSpanTree(argless, { prices: m2 });
     assert.deepEqual([arglessSpans[1]!.outputDigest, arglessSpans[2]!.inputDigest], ["assistant: grep()", ""]);
+    // 一条回复里有两个工具调用：工具节点的参数来自 id 对得上的那一个；对话里的结果比步骤里记的（可能截短的）那份优先。
+    const twoCalls = structuredClone(paused);
+    const twoCallsReply = twoCalls.snapshot.context.messages[2] as AssistantMessage;
+    twoCallsReply.content.unshift(call("t0", "grep", { q: "别的" }));
+    (twoCalls.snapshot.context.steps[1] as { result: string }).result = "步骤里记的";
+    (twoCalls.snapshot.context.messages[3] as ToolResultMessage).isError = false; // 成功的结果同样去掉 “toolResult: ” 前缀
+    Object.assign(twoCalls.snapshot.context.steps[0]!, { usage: { input: "9", output: 1 } });
+    const [, twoCallsModel, twoCallsTool] = buildSpanTree(twoCalls, { prices: m2 });
+    assert.deepEqual([twoCallsTool!.inputDigest, twoCallsTool!.outputDigest], ['{"q":"x"}', "没找到"]);
+    assert.deepEqual(twoCallsModel!.tokens, { input: 10, output: 5 }, "字符串的 input token 当作没有，退回回复里记的用量");
     const bare = structuredClone(paused);
     bare.events = [];
     assert.equal(buildSpanTree(bare)[0]!.startedAt, 2_000, "没有事件时从检查点时间算起");
@@ -2534,6 +2551,8 @@ test("Lab 23.4 · 执行树：task → model / tool，带有界且脱敏的摘�
         ],
       },
     };
+    // 模型步骤自己写的字段同样要类型对：字符串的尝试次数、字符串的 output token 都当作没有。
+    Object.assign(junk.snapshot.context.steps[2]!, { attempt: "2", usage: { input: 250, output: "50" } });
     const junkSpans = buildSpanTree(junk);
     assert.deepEqual(shape(junkSpans), ["task:status:ok:0:-", "tool:stock:ok:0:d-1", "tool:shipping_fee:ok:0:d-1", "model:model:ok:0:d-1"]);
     assert.deepEqual(junkSpans.map((span) => [span.startedAt, span.tokens, span.inputDigest]), [
@@ -2622,6 +2641,7 @@ test("Lab 23.4 · 重放：失败任务的日志写成 ScriptedModel 脚本与�
       // 回放的工具只交回记录里的那条结果；记录里没有的调用是一个错误，不会去做真实的事。
       const [replayed0] = recordedTools(record);
       assert.equal(replayed0!.name, "lookup");
+      assert.deepEqual(replayed0!.schema.jsonSchema, objectSchema({}).jsonSchema, "交给模型的说明书是一个空对象的 schema");
       assert.match(replayed0!.description, /回放.*lookup/, "回放工具的说明写明它只回放 lookup 的记录");
       assert.deepEqual(await replayed0!.execute({}, { callId: "c1" }), { content: record.snapshot.context.messages.find((m): m is ToolResultMessage => m.role === "toolResult")!.content, isError: false });
       await assert.rejects(replayed0!.execute({}, { callId: "nope" }), /日志里没有调用 nope 的结果/);
