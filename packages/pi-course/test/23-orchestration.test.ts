@@ -2649,6 +2649,46 @@ test("Lab 23.4 · 重放：失败任务的日志写成 ScriptedModel 脚本与�
       const routed: TaskRecord = structuredClone(record);
       routed.snapshot.context.extensions = { orchestration: { route: { executor: "status-query", kind: "dag", by: "rule", reason: "测试" }, calls: [] } };
       await assert.rejects(replayTask(routed, { store: replayStore }), /dag 路线.*只支持 ReAct/);
+      // 经过 Orchestrator、走 ReAct 路线的任务照样能重放；原任务的 token 配额也带进重放。
+      const reactRouted: TaskRecord = structuredClone(record);
+      reactRouted.snapshot.context.extensions = { orchestration: { route: { executor: "react", kind: "react", by: "rule", reason: "测试" }, calls: [] } };
+      reactRouted.snapshot.context.tokenBudget = 100_000;
+      const reactStore = await TaskStore.open(path.join(dir, "replay-react.log"), { fsync: false });
+      try {
+        const reactReplay = await replayTask(reactRouted, { store: reactStore, clock: manualClock().now, sleep: async () => undefined, hooks: retryHook(1) });
+        assert.deepEqual([reactReplay.snapshot.state, reactReplay.snapshot.context.tokenBudget], ["failed", 100_000]);
+      } finally {
+        await reactStore.close();
+      }
+      // 原任务停在 paused（工具结果交给人看）、被放行过一次：重放也放行一次，走到同一个结局、同一串事件。
+      const onceHuman = (): TaskHooks => {
+        let asked = false;
+        return { onToolResult: () => (asked ? undefined : ((asked = true), { pause: { reason: "请人看一眼" } })) };
+      };
+      const humanStore = await TaskStore.open(path.join(dir, "human.log"), { fsync: false });
+      const humanRuntime = new TaskRuntime({ store: humanStore, model, tools: [lookupTool()], clock: clock.now, sleep: async (ms) => clock.advance(ms), hooks: [retryHook(1), onceHuman()] });
+      await humanRuntime.submit({ id: "h", input: "查询账户 acct-Z" });
+      assert.equal((await humanRuntime.run("h")).state, "paused");
+      const pausedRecord: TaskRecord = structuredClone({ snapshot: humanStore.latest("h")!, events: humanStore.events("h") });
+      assert.equal((await humanRuntime.run("h")).state, "failed");
+      const humanRecord: TaskRecord = { snapshot: humanStore.latest("h")!, events: humanStore.events("h") };
+      await humanStore.close();
+      const humanReplayStore = await TaskStore.open(path.join(dir, "human-replay.log"), { fsync: false });
+      try {
+        const humanReplay = await replayTask(humanRecord, { store: humanReplayStore, clock: manualClock().now, sleep: async () => undefined, hooks: [retryHook(1), onceHuman()] });
+        assert.equal(humanReplay.snapshot.state, "failed", "重放也放行了那一次");
+        assert.deepEqual(humanReplay.record.events.map((event) => event.event), humanRecord.events.map((event) => event.event));
+      } finally {
+        await humanReplayStore.close();
+      }
+      // 没被放行过的那一刻的记录：重放同样停在 paused，不替人放行。
+      const pausedReplayStore = await TaskStore.open(path.join(dir, "paused-replay.log"), { fsync: false });
+      try {
+        const pausedReplay = await replayTask(pausedRecord, { store: pausedReplayStore, clock: manualClock().now, sleep: async () => undefined, hooks: [retryHook(1), onceHuman()] });
+        assert.equal(pausedReplay.snapshot.state, "paused", "原任务没被放行，重放也不放行");
+      } finally {
+        await pausedReplayStore.close();
+      }
     } finally {
       await replayStore.close();
     }
