@@ -2529,6 +2529,21 @@ test("Lab 23.4 · 执行树：task → model / tool，带有界且脱敏的摘�
     const [, twoCallsModel, twoCallsTool] = buildSpanTree(twoCalls, { prices: m2 });
     assert.deepEqual([twoCallsTool!.inputDigest, twoCallsTool!.outputDigest], ['{"q":"x"}', "没找到"]);
     assert.deepEqual(twoCallsModel!.tokens, { input: 10, output: 5 }, "字符串的 input token 当作没有，退回回复里记的用量");
+    // 回复的 stopReason 与步骤对不上：不认它（token 退回步骤自己记的总数）。
+    const mismatched = structuredClone(paused);
+    (mismatched.snapshot.context.steps[0] as { stopReason: string }).stopReason = "stop";
+    assert.deepEqual(buildSpanTree(mismatched, { prices: m2 })[1]!.tokens, { input: 15, output: 0 }, "stopReason 对不上的回复不算这一步的");
+    // 没留下回复的那次借用最近一次回复的模型名（不是第一次的）。
+    const twoModels = structuredClone(paused);
+    twoModels.snapshot.context.messages.push(assistantMessage([text("再想想")], "stop", { model: "m-3", usage: { input: 3, output: 1, totalTokens: 4 } }));
+    twoModels.snapshot.context.steps[2] = { stepId: 3, type: "model_call", at: 1_300, stopReason: "stop", tokens: 4, toolCallIds: [] };
+    twoModels.snapshot.context.steps.push({ stepId: 4, type: "model_call", at: 1_350, stopReason: "aborted", tokens: 0, toolCallIds: [] });
+    assert.deepEqual(buildSpanTree(twoModels).slice(3).map((span) => span.name), ["m-3", "m-3"], "借用的是最近一次回复的模型名");
+    // 最后一次模型调用在节点里：任务自己最后那次失败的调用仍是“最后一次”，不算重试。
+    const nodeLast = structuredClone(paused);
+    nodeLast.snapshot.context.steps.push({ stepId: 4, type: "model_call", at: 1_350, stopReason: "stop", tokens: 5, toolCallIds: [] });
+    nodeLast.snapshot.context.extensions = { orchestration: { calls: [{ step: 4, node: "n", startedAt: 1_300 }] } };
+    assert.deepEqual(buildSpanTree(nodeLast, { prices: m2 }).map((span) => span.retries), [0, 0, 0, 0, 0, 0], "节点里的调用不改变谁是最后一次");
     const bare = structuredClone(paused);
     bare.events = [];
     assert.equal(buildSpanTree(bare)[0]!.startedAt, 2_000, "没有事件时从检查点时间算起");
@@ -2630,6 +2645,11 @@ test("Lab 23.4 · 重放：失败任务的日志写成 ScriptedModel 脚本与�
       const reversed = structuredClone(record);
       reversed.snapshot.context.steps.reverse();
       assert.deepEqual(scriptFromLog(reversed), scriptFromLog(record), "步骤在日志里的先后不影响脚本");
+      // 对话里那条回复的 stopReason 与步骤对不上：不播放它，按步骤记下的结局造一次失败。
+      const mismatchedLog = structuredClone(record);
+      const firstModelStep = mismatchedLog.snapshot.context.steps.find((step) => step.type === "model_call")!;
+      (firstModelStep as { stopReason: string }).stopReason = "stop";
+      assert.deepEqual(turnText(scriptFromLog(mismatchedLog))[0], `error:重放：记录里的第 ${firstModelStep.stepId} 步以 stop 结束`);
       const unexplained = structuredClone(record);
       for (const step of unexplained.snapshot.context.steps) {
         if (step.type === "model_call") delete step.error;
