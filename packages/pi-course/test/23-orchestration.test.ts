@@ -2533,6 +2533,15 @@ test("Lab 23.4 · 执行树：task → model / tool，带有界且脱敏的摘�
     const mismatched = structuredClone(paused);
     (mismatched.snapshot.context.steps[0] as { stopReason: string }).stopReason = "stop";
     assert.deepEqual(buildSpanTree(mismatched, { prices: m2 })[1]!.tokens, { input: 15, output: 0 }, "stopReason 对不上的回复不算这一步的");
+    // 第 22 章的格式错误回填：模型上一次的原样输出（assistant）紧跟一条 user 说明错在哪里。它不是新的回复，
+    // 不被认作哪一步的回复，也不是“第一个模型名”的来源。
+    const backfilled = structuredClone(paused);
+    backfilled.snapshot.context.messages.splice(1, 0,
+      assistantMessage([text("{坏的")], "toolUse", { model: "m-old", usage: { input: 1, output: 1, totalTokens: 2 } }),
+      { role: "user", content: [text("上一条回复不是合法的格式")], timestamp: 1 });
+    assert.deepEqual(buildSpanTree(backfilled, { prices: m2 }).slice(1, 2).map((span) => [span.name, span.tokens]), [["m-2", { input: 10, output: 5 }]]);
+    (backfilled.snapshot.context.steps[0] as { stopReason: string }).stopReason = "stop";
+    assert.equal(buildSpanTree(backfilled, { prices: m2 })[1]!.name, "m-2", "借不到名字时找第一条真正的回复，跳过回填");
     // 没留下回复的那次借用最近一次回复的模型名（不是第一次的）。
     const twoModels = structuredClone(paused);
     twoModels.snapshot.context.messages.push(assistantMessage([text("再想想")], "stop", { model: "m-3", usage: { input: 3, output: 1, totalTokens: 4 } }));
@@ -2544,6 +2553,9 @@ test("Lab 23.4 · 执行树：task → model / tool，带有界且脱敏的摘�
     nodeLast.snapshot.context.steps.push({ stepId: 4, type: "model_call", at: 1_350, stopReason: "stop", tokens: 5, toolCallIds: [] });
     nodeLast.snapshot.context.extensions = { orchestration: { calls: [{ step: 4, node: "n", startedAt: 1_300 }] } };
     assert.deepEqual(buildSpanTree(nodeLast, { prices: m2 }).map((span) => span.retries), [0, 0, 0, 0, 0, 0], "节点里的调用不改变谁是最后一次");
+    const toolLast = structuredClone(paused);
+    toolLast.snapshot.context.steps.push({ stepId: 4, type: "tool_call", at: 1_350, tool: "grep", callId: "t9", idempotencyKey: "o-1#4", isError: false, result: "晚到" });
+    assert.deepEqual(buildSpanTree(toolLast, { prices: m2 }).map((span) => span.retries), [0, 0, 0, 0, 0], "之后的工具调用也不改变谁是最后一次模型调用");
     const bare = structuredClone(paused);
     bare.events = [];
     assert.equal(buildSpanTree(bare)[0]!.startedAt, 2_000, "没有事件时从检查点时间算起");
