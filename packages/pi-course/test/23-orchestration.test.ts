@@ -5,6 +5,7 @@
 
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
+import { getEventListeners } from "node:events";
 import { readdirSync, readlinkSync } from "node:fs";
 import { mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
 import os, { tmpdir } from "node:os";
@@ -40,6 +41,7 @@ import {
   Orchestrator,
   outcomeOf,
   parseRouteReply,
+  PREVIEW_CHARS,
   ReactExecutor,
   type RoutedTask,
   TaskRouter,
@@ -66,7 +68,7 @@ import { ScriptedModel, type ScriptedTurn } from "../src/scripted-model.js";
 import { SECRET_SAMPLES } from "../test-support/secret-samples.js";
 import { type JsonValue } from "../src/session.js";
 import { type TaskHooks, TaskRuntime, type TaskToolContext } from "../src/task-runtime/task-runner.js";
-import { type TaskSnapshot, type TaskStep } from "../src/task-runtime/task-state.js";
+import { checkpoint, type TaskSnapshot, type TaskStep, transition } from "../src/task-runtime/task-state.js";
 import { TaskStore } from "../src/task-runtime/task-store.js";
 import { objectSchema, stringValue, type Tool, type ToolOutput, ToolRegistry } from "../src/tool.js";
 import {
@@ -178,8 +180,10 @@ test("Lab 23.1 · 路由：规则优先且不调用模型；规则没覆盖的�
   // 路由模型的请求：格式写在 system 里，任务类型随输入一起给；调用方的 signal 也交给它（已取消就是一次失败的调用）。
   assert.ok(prompt.includes('{"route":"路线名"}'), prompt);
   assert.ok(prompt.split("\n").includes("- report：多步骤的报表"), "每条路线单独一行");
+  assert.ok(prompt.split("\n").every((line) => line.trim() !== ""), `路由提示里没有空行，每一句说明都在：${prompt}`);
   assert.equal(textOf(chooser.requests[0]!.messages.at(-1)!), "任务类型：refund_summary\n把上周的退款整理一下");
   assert.equal(textOf(chooser.requests[1]!.messages.at(-1)!), "翻译这段话", "没有类型的任务只给输入");
+  assert.deepEqual(chooser.requests[0]!.messages.map((message) => message.role), ["system", "user"], "任务是一条 user 消息");
   assert.match(chosen.reason, /类型 refund_summary/);
   const halt = new AbortController();
   halt.abort();
@@ -374,9 +378,11 @@ test("Lab 23.1 · DAG：依赖都完成的节点同时启动；一个节点失�
         id: "events",
         async run(context) {
           const seen: string[] = [];
-          for await (const event of context.model.stream({ messages: [] })) {
+          const stream = context.model.stream({ messages: [] });
+          for await (const event of stream) {
             seen.push(`${event.type}:${String((event as { reason?: string }).reason)}:${String((event as { error?: AssistantMessage }).error?.errorMessage)}`);
           }
+          seen.push(`content:${JSON.stringify((await stream.result()).content)}`);
           return seen;
         },
       },
@@ -389,10 +395,15 @@ test("Lab 23.1 · DAG：依赖都完成的节点同时启动；一个节点失�
   assert.match(failure.ask!, /模型调用失败：这张图没有配置模型/);
   assert.match(failure.missing!, /no_such_tool/);
   assert.deepEqual(missingInputs, {}, "没有依赖的节点，inputs 是空对象");
-  assert.deepEqual(failures.nodes[3]!.output, ["error:error:这张图没有配置模型"]);
+  assert.deepEqual(failures.nodes[3]!.output, ["error:error:这张图没有配置模型", "content:[]"], "没配模型时的失败回复没有内容块");
   const erroring = new ToolRegistry([{ name: "flaky", description: "总是失败", schema: objectSchema({}), execute: async () => ({ content: [text("上游 503")], isError: true }) }]);
-  const toolFailed = await runDag([toolNode("call", { tool: "flaky", arguments: () => ({}) })], task, { tools: erroring });
+  // 节点发起的工具调用原样交给 tracker（Orchestrator 的 tracker 再交给 gateTool 钩子）：type、id、name、arguments 都在。
+  const dagCounting = countingTracker(task.taskId);
+  const dagCalls: ToolCall[] = [];
+  const dagTracker: CallTracker = { ...dagCounting, tool: (call, registry, node, signal) => (dagCalls.push(structuredClone(call)), dagCounting.tool(call, registry, node, signal)) };
+  const toolFailed = await runDag([toolNode("call", { tool: "flaky", arguments: () => ({ why: "试试" }) })], task, { tools: erroring, tracker: dagTracker });
   assert.deepEqual(toolFailed.nodes[0], { id: "call", status: "failed", error: "上游 503" });
+  assert.deepEqual(dagCalls, [{ type: "toolCall", id: `${task.taskId}:call`, name: "flaky", arguments: { why: "试试" } }]);
 
   // 图在运行之前检查。
   const plain = (id: string, dependsOn: string[] = []): DagNode => ({ id, dependsOn, run: () => id });
@@ -724,11 +735,95 @@ test("Lab 23.1 · 同一个查询：DAG 路径只调用一次模型，ReAct 循�
     assert.equal((erred.context.extensions?.[ORCHESTRATION_KEY] as unknown as OrchestrationRecord).calls.find((entry) => entry.node === "ask")!.error, "上游 500");
     const boomed = await erring.run("boom");
     assert.deepEqual([boomed.state, boomed.context.outcome], ["failed", "执行器坏了"]);
+    assert.ok(!Object.hasOwn(boomed.context.extensions?.[ORCHESTRATION_KEY] as object, "details"), "执行器没交回 details：记录里没有这个键");
     assert.deepEqual(store.events("boom").at(-1)!.payload, { executor: "boom", modelCalls: 0 });
+    // 自己写的执行器：拿到的任务只有日志里有的键（没有类型就没有 type 这个键）；规则表里恰好有一条叫 "undefined" 的类型，
+    // 没有类型的任务也不算命中它。日志里别的扩展数据（这里是一段工作记忆）不会被编排器的记录冲掉；
+    // extensions.orchestration 若不是对象（字符串、数组），当作没有记录，不把它的字符或下标并进新记录。
+    // 不限时长、没有 signal 时，交给工具的上下文里也没有 signal 这个键。
+    for (const [index, junk] of (["ab", [7]] as JsonValue[]).entries()) {
+      const seen: unknown[] = [];
+      const toolContexts: unknown[] = [];
+      const requested: unknown[] = [];
+      const spy: Tool<Record<string, never>> = {
+        name: "spy",
+        description: "记下收到的上下文",
+        schema: objectSchema({}),
+        execute: async (_parameters, context) => (toolContexts.push(context), { content: [text("看".repeat(200))] }),
+      };
+      const capture = new Orchestrator({
+        router: new TaskRouter({
+          routes: { keep: { kind: "plan-execute", description: "记下任务" } },
+          rules: { undefined: "keep" },
+          chooser: new ScriptedModel([{ stopReason: "error", errorMessage: "不选" }]),
+          fallback: "keep",
+        }),
+        runtime,
+        toolTimeoutMs: Number.POSITIVE_INFINITY,
+        hooks: { onEvent: (event) => void (event.kind === "model_request" && requested.push(event)) },
+        executors: {
+          keep: {
+            kind: "plan-execute",
+            name: "keep",
+            execute: async (task, options) => {
+              seen.push(task);
+              await options!.tracker!.tool({ type: "toolCall", id: "k1", name: "spy", arguments: {} }, new ToolRegistry([spy]), "k");
+              // 执行器自己发的两次模型请求：一次没有消息、带着工具、回复里有工具调用；一次的输入超过预览上限。
+              const talker = options!.tracker!.model(new ScriptedModel([callReply("m1", "spy", {}), reply("收到")]), "k");
+              await talker.stream({ messages: [], tools: [{ name: "spy", description: "记下收到的上下文", parameters: {} }] }).result();
+              await talker.stream({ messages: [{ role: "user", content: [text("长".repeat(PREVIEW_CHARS + 100))], timestamp: 0 }] }).result();
+              return { status: "completed", output: "记下了", modelCalls: 0, tokens: 0, details: { seen: 1 } };
+            },
+          },
+        },
+      });
+      const id = `keep-${index}`;
+      const submitted = await capture.submit({ id, input: "记下" });
+      await store.commit({ snapshot: checkpoint(submitted, (context) => void (context.extensions = { note: "工作记忆", orchestration: junk }), 1), events: [] });
+      if (index === 1) {
+        // 第二个任务像是进程在执行中途没了：日志里停在 running。再 run 时不再迁移（running → running 不合法），直接执行。
+        const moved = transition(store.latest(id)!, "running", "started", { executor: "keep", kind: "plan-execute" }, 2);
+        await store.commit({ snapshot: moved.snapshot, events: [moved.event] });
+      }
+      const kept = await capture.run(id);
+      assert.deepEqual(seen, [{ taskId: id, input: "记下" }], "执行器拿到的任务没有值为 undefined 的 type 键");
+      assert.deepEqual(toolContexts, [{ taskId: id, step: 2, idempotencyKey: `${id}#2`, callId: "k1" }], "没有 signal 时上下文里没有 signal 键");
+      assert.equal(kept.state, "completed");
+      assert.deepEqual(store.events(id).map((event) => event.event), ["created", "started", "completed"], "只迁移一次到 running");
+      if (index === 1) assert.equal(store.events(id)[1]!.at, 2, "停在 running 的任务再 run：started 还是崩溃前的那一条");
+      const spyStep = kept.context.steps.find((step) => step.type === "tool_call");
+      assert.equal(spyStep?.type === "tool_call" ? spyStep.result : "", "看".repeat(200), "恰好 200 个字符的结果原样写进步骤，不截");
+      assert.equal(kept.context.extensions?.note, "工作记忆", "别的扩展数据原样留着");
+      const keptRecord = kept.context.extensions?.[ORCHESTRATION_KEY] as unknown as OrchestrationRecord;
+      assert.deepEqual(Object.keys(keptRecord).sort(), ["calls", "details", "route"], "不是对象的旧记录不并进来");
+      assert.equal(keptRecord.route?.by, "default", "没有类型的任务不命中名叫 undefined 的规则");
+      assert.deepEqual(keptRecord.details, { seen: 1 });
+      // 调用记录：没有消息的请求输入是空的，超过上限的输入截成 PREVIEW_CHARS 个字符（最后一个是省略号）；
+      // 回复里的工具调用 id 记进步骤；审计看到的 model_request 写着这次请求给了哪些工具。
+      const talks = keptRecord.calls.filter((entry) => entry.node === "k" && entry.model !== undefined);
+      assert.deepEqual(talks.map((entry) => entry.input), ["", `${"长".repeat(PREVIEW_CHARS - 1)}…`]);
+      assert.deepEqual(kept.context.steps.filter((step) => step.type === "model_call").map((step) => (step.type === "model_call" ? step.toolCallIds : [])), [[], ["m1"], []]);
+      assert.deepEqual(requested.map((event) => (event as { tools: string[] }).tools), [[], ["spy"], []], "model_request 里是这次请求的工具名");
+    }
     // ReAct 执行器把 signal 交给 TaskRuntime：已取消的 signal 不调用模型。
     await runtime.submit({ id: "react-x", input: "不会跑" });
     const reactOutcome = await new ReactExecutor({ runtime }).execute({ taskId: "react-x", input: "不会跑" }, { signal: cancelledAlready.signal });
     assert.deepEqual([reactOutcome.status, reactOutcome.modelCalls], ["cancelled", 0]);
+    // 经过 Orchestrator 的 ReAct 任务：调用方的 signal 一路交给 TaskRuntime，运行中途取消就停在 paused，不再调用模型。
+    const midway = new AbortController();
+    let reactCalls = 0;
+    const reactRuntime = new TaskRuntime({
+      store,
+      model: new RequestModel(() => ((reactCalls += 1) === 1 ? (midway.abort(), callReply("r1", "nothing", {})) : reply("做完了"))),
+    });
+    const reactOnly = new Orchestrator({
+      router: new TaskRouter({ routes: { react: { kind: "react", description: "开放式任务" } }, rules: { r: "react" }, chooser, fallback: "react" }),
+      runtime: reactRuntime,
+      executors: { react: new ReactExecutor({ runtime: reactRuntime }) },
+    });
+    await reactOnly.submit({ id: "react-mid", input: "做到一半就取消", type: "r" });
+    const midwayStopped = await reactOnly.run("react-mid", { signal: midway.signal });
+    assert.deepEqual([midwayStopped.state, reactCalls], ["paused", 1], "运行中途取消的 ReAct 任务停在 paused");
     // 只计数的 tracker：数模型调用，累计 token。
     const counter = countingTracker("c-1");
     await counter.model(new ScriptedModel([reply("x", 12)]), "n").stream({ messages: [] }).result();
@@ -793,6 +888,7 @@ test("Lab 23.2 · 规划-执行：计划是检查过的数据，步骤按顺序�
   assert.equal(outcome.status, "completed");
   assert.equal(outcome.output, "11 月毛利 40 万");
   assert.equal(outcome.modelCalls, 2, "一次规划 + 一次回答");
+  assert.ok(!Object.hasOwn(outcome, "error"), "完成的结局里没有 error 这个键（连值为 undefined 的也没有）");
   assert.equal(outcome.tokens, 50);
   assert.deepEqual(calls, ["read_sales(2026-11)", "read_costs(2026-11)"]);
   assert.deepEqual(steps.map((step) => step.kind), ["plan", "plan_step", "plan_step"]);
@@ -860,6 +956,9 @@ test("Lab 23.2 · 规划-执行：计划是检查过的数据，步骤按顺序�
   // 修订的回复：{"keep":true} 是保留，别的都要是一组合格的新步骤。
   assert.equal(parseRevision('{"keep":true}', registry, new Set(["s1"])), undefined);
   assert.throws(() => parseRevision('{"keep":false}', registry, new Set(["s1"])), /steps 必须是非空数组/);
+  // 同时给了 keep 与 steps：那就不是单纯的 {"keep":true}，按新步骤处理（坏了的 steps 同样被拒绝）。
+  assert.deepEqual(parseRevision(JSON.stringify({ keep: true, steps: [eight[2]!] }), registry, new Set(["s1"]))?.map((step) => step.id), ["s2"]);
+  assert.throws(() => parseRevision('{"keep":true,"steps":[]}', registry, new Set(["s1"])), /steps 必须是非空数组/);
   assert.throws(() => parseRevision('"keep"', registry, new Set()), /修订必须是一个 JSON 对象/);
 
   // 请求的内容：规划请求写明格式与步数上限、每个工具一行；回答请求只有一句 system、工作记忆段和用户输入。
@@ -869,6 +968,8 @@ test("Lab 23.2 · 规划-执行：计划是检查过的数据，步骤按顺序�
   assert.ok(planning.includes(PLAN_FORMAT) && planning.includes(`最多 ${MAX_PLAN_STEPS} 步`), planning);
   assert.match(planning, /^- read_sales：读取某月销售额$/m);
   assert.match(planning, /^- read_costs：读取某月成本$/m);
+  assert.ok(planning.split("\n").every((line) => line.trim() !== ""), `规划提示里没有空行，每一句说明都在：${planning}`);
+  assert.match(textOf(model.requests[1]!.messages[0]!), /工作记忆/, "回答请求的 system 说明要依据工作记忆作答");
   assert.deepEqual(model.requests[0]!.messages.slice(1).map(textOf), ["11 月赚了多少？"]);
   assert.deepEqual(model.requests[1]!.messages.map((message) => message.role), ["system", "system", "user"]);
   assert.equal(textOf(model.requests[1]!.messages[2]!), "11 月赚了多少？");
@@ -885,10 +986,14 @@ test("Lab 23.2 · 规划-执行：计划是检查过的数据，步骤按顺序�
   assert.deepEqual(recorded.notes.map((note) => `${note.key}<${note.source}`), ["goal<plan", "s1<p1:s1", "s2<p1:s2"]);
 
   // 笔记是摘要：很长的工具结果截短之后才记下。
-  const long = new ToolRegistry([{ name: "dump", description: "吐出很长的文本", schema: objectSchema({}), execute: async () => ({ content: [text("长".repeat(1_000))] }) }]);
-  const dumpPlan = JSON.stringify({ goal: "g", steps: [{ id: "s1", tool: "dump", arguments: {} }] });
+  const long = new ToolRegistry([
+    { name: "dump", description: "吐出很长的文本", schema: objectSchema({}), execute: async () => ({ content: [text("长".repeat(1_000))] }) },
+    { name: "exact", description: "恰好 400 个字符", schema: objectSchema({}), execute: async () => ({ content: [text("整".repeat(400))] }) },
+  ]);
+  const dumpPlan = JSON.stringify({ goal: "g", steps: [{ id: "s1", tool: "dump", arguments: {} }, { id: "s2", tool: "exact", arguments: {} }] });
   const dumped = await new PlanExecuteExecutor({ name: "report", model: new ScriptedModel([reply(dumpPlan), reply("好")]), tools: long }).execute({ taskId: "p7", input: "x" });
-  const [clipped] = (dumped.details as { steps: Array<{ result: string }> }).steps;
+  const [clipped, exact] = (dumped.details as { steps: Array<{ result: string }> }).steps;
+  assert.equal(exact!.result, "整".repeat(400), "恰好 400 个字符的结果原样记进笔记，不截");
   assert.ok(clipped!.result.length <= 400 && clipped!.result.startsWith("长长长") && clipped!.result.length < 1_000, `笔记没有截短：${clipped!.result.length} 个字符`);
 
   // 模型调用失败就是任务失败（取消就是取消），原因写进 error；一个工具都不运行。别的错误（例如日志写不进去）原样交给调用方。
@@ -930,14 +1035,20 @@ test("Lab 23.2 · 规划-执行：计划是检查过的数据，步骤按顺序�
   // 每次调用都经过传进来的 tracker，并写明属于计划的哪一段：plan、步骤 id、answer（修订是 revise）。
   const counting = countingTracker("p20");
   const through: string[] = [];
+  const planCalls: ToolCall[] = [];
   const tracker: CallTracker = {
     model: (inner, node) => (through.push(`model:${node}`), counting.model(inner, node)),
-    tool: (call, registry, node, signal) => (through.push(`tool:${node}:${call.name}`), counting.tool(call, registry, node, signal)),
+    tool: (call, registry, node, signal) => (through.push(`tool:${node}:${call.name}`), planCalls.push(structuredClone(call)), counting.tool(call, registry, node, signal)),
     modelCalls: () => counting.modelCalls(),
     tokens: () => counting.tokens(),
   };
   const tracked = await new PlanExecuteExecutor({ name: "report", model: new ScriptedModel([reply(PLAN, 30), reply("好", 20)]), tools: salesTools([]) }).execute({ taskId: "p20", input: "x" }, { tracker });
   assert.deepEqual(through, ["model:plan", "tool:s1:read_sales", "tool:s2:read_costs", "model:answer"]);
+  // 交给 tracker（以及经过它的 gateTool 钩子）的是完整的工具调用：type、id、name、arguments 都在。
+  assert.deepEqual(planCalls, [
+    { type: "toolCall", id: "p20:s1", name: "read_sales", arguments: { month: "2026-11" } },
+    { type: "toolCall", id: "p20:s2", name: "read_costs", arguments: { month: "2026-11" } },
+  ]);
   assert.deepEqual([tracked.modelCalls, tracked.tokens], [2, 50]);
 
   // 经由 Orchestrator（Lab 23.1）跑规划-执行：任务写进日志，工具调用过每一个钩子。
@@ -1020,6 +1131,8 @@ test("Lab 23.2 · 修订：失败的步骤之后模型改写剩下的计划，�
   assert.deepEqual(calls, ["read_sales(2026-13)", "read_sales(2026-11)", "read_costs(2026-11)"], "s2 被修订替换，没有运行");
   assert.deepEqual(steps.find((step) => step.kind === "plan_revision"), { kind: "plan_revision", kept: false, after: "s1", steps: ["s3", "s4"] });
   const revisionPrompt = model.requests[1]!.messages.map(textOf).join("\n");
+  const revisionSystem = textOf(model.requests[1]!.messages[0]!);
+  assert.ok(revisionSystem.includes(REVISION_FORMAT) && revisionSystem.split("\n").every((line) => line.trim() !== ""), `修订提示里没有空行，每一句说明都在：${revisionSystem}`);
   assert.match(revisionPrompt, /s1（read_sales）失败：没有 2026-13 的数据/);
   assert.match(revisionPrompt, /"id":"s2"/, "修订请求里带着剩下的计划");
   const details = outcome.details as { plan: { steps: Array<{ id: string }> }; revised: boolean };
@@ -1843,6 +1956,7 @@ test("Lab 23.3 · 隔离：交错执行的任务各自只看见自己的数据�
 
     // 排队中的 D 被取消：不等名额，也从不调用模型。
     assert.equal(scheduler.cancel("D"), true);
+    assert.equal(scheduler.phase("D"), "running", "出队之后交给 runner.cancel 收尾：这一刻它的阶段是 running，不是 queued");
     // 运行中的 B 被取消：它的工具返回之后，在下一个检查点停下，随后迁到 cancelled。
     assert.equal(scheduler.cancel("B"), true);
     // 倒着放行：C 先于 A 完成，B 的工具也返回了。
@@ -1950,6 +2064,7 @@ test("Lab 23.3 · 隔离：交错执行的任务各自只看见自己的数据�
   assert.equal(fake.cancel("finished", "用户撤回"), true);
   for (const id of ["stopped", "swapped", "vanished"]) fake.cancel(id);
   caller.abort();
+  assert.equal(getEventListeners(caller.signal, "abort").length, 0, "signal 触发之后，调度器的监听随即摘掉，不等任务结束");
   for (const gate of held.values()) gate.resolve();
   held.clear();
   assert.equal(await late.finished, "completed", "停下之前已经到了终态：终态保留");
@@ -2218,6 +2333,7 @@ test("Lab 23.4 · 执行树：task → model / tool，带有界且脱敏的摘�
   assert.equal(messageText({ role: "toolResult", toolCallId: "c", toolName: "t", content: [text("好")], isError: false, timestamp: 0 }), "toolResult: 好");
   assert.equal(messageText(assistantMessage([text("先查"), call("c", "lookup", { a: 1 })], "toolUse")), 'assistant: 先查 lookup({"a":1})');
   assert.equal(messageText(assistantMessage([text("半句")], "aborted", { errorMessage: "取消了" })), "assistant: 半句 错误: 取消了");
+  assert.equal(messageText(assistantMessage([text("半句")], "aborted")), "assistant: 半句", "没有原因的失败回复不写“错误: undefined”");
   assert.equal(messageText(assistantMessage([text("答")], "stop", { errorMessage: "不该出现" })), "assistant: 答");
   // 没有步骤号、还没结束的节点：标题行写 #? 与“未结束”。
   assert.equal(formatSpanLine({ id: "t/x", parentId: "t", kind: "tool", name: "grep", startedAt: 5, status: "open", retries: 0 }), "tool grep #? · open · 未结束");
@@ -2232,6 +2348,12 @@ test("Lab 23.4 · 执行树：task → model / tool，带有界且脱敏的摘�
     assert.deepEqual(await readTaskLog(absent), []);
     await assert.rejects(readFile(absent), { code: "ENOENT" }, "读一份不存在的日志不创建它");
     const spans = buildSpanTree(record);
+    // 第 22 章之前的日志没有 attempt：重试次数从“同一个请求之前连续失败了几次”数出来，结果相同。
+    const noAttempt = structuredClone(record);
+    for (const step of noAttempt.snapshot.context.steps) delete (step as { attempt?: number }).attempt;
+    for (const entry of ((noAttempt.snapshot.context.extensions?.orchestration as { calls?: { attempt?: number }[] } | undefined)?.calls ?? [])) delete entry.attempt;
+    assert.deepEqual(buildSpanTree(noAttempt).map((span) => span.retries), spans.map((span) => span.retries), "没有 attempt 的旧日志数出同样的重试次数");
+    assert.ok(spans.some((span) => span.retries > 0));
     assert.deepEqual(shape(spans), [
       "task:report:ok:1:-",
       "model:scripted-v1:error:0:r-1",
@@ -2319,6 +2441,12 @@ test("Lab 23.4 · 执行树：task → model / tool，带有界且脱敏的摘�
     assert.deepEqual(dagSpans[0]!.tokens, { input: 250, output: 50 });
     assert.equal(dagSpans[6]!.outputDigest, "可以发货，运费 12 元");
     assert.equal(formatSpanTree(dagSpans), DAG_TREE);
+    // 估不出费用的节点（只有工具调用的组、工具调用）没有 costUsd 这个键，连值为 undefined 的也没有。
+    assert.deepEqual(dagSpans.filter((span) => Object.hasOwn(span, "costUsd")).map((span) => span.id), ["d-1", "d-1/answer", "d-1/3"]);
+    // 任务从 created 事件算起，不管它排在第几条。
+    const shuffled = structuredClone(dag);
+    shuffled.events = [shuffled.events[1]!, shuffled.events[0]!, shuffled.events[2]!];
+    assert.equal(buildSpanTree(shuffled)[0]!.startedAt, 1_000, "created 事件不在第一条也认得出来");
     // 分组节点的状态取组里最坏的一个：有出错的是 error，否则有取消的是 cancelled。
     const troubled = structuredClone(dag);
     const troubledSteps = troubled.snapshot.context.steps;
@@ -2333,6 +2461,15 @@ test("Lab 23.4 · 执行树：task → model / tool，带有界且脱敏的摘�
       "tool:shipping_fee:ok:0:d-1/shipping",
       "model:scripted-v1:cancelled:0:d-1/shipping",
     ]);
+    // 多个成员的组：从最早的开始到最晚的结束；有一个成员有 token，组就有 token（工具调用没有）。
+    const shippingGroup = buildSpanTree(troubled).find((span) => span.id === "d-1/shipping")!;
+    assert.deepEqual([shippingGroup.startedAt, shippingGroup.endedAt, shippingGroup.tokens], [1_010, 1_200, { input: 250, output: 50 }]);
+    // 一个成员出错、一个没有：组是 error。
+    const mixed = structuredClone(dag);
+    mixed.snapshot.context.steps[1] = { ...mixed.snapshot.context.steps[1]!, isError: true } as TaskStep;
+    (mixed.snapshot.context.extensions!.orchestration as { calls: { node: string }[] }).calls[1]!.node = "check_stock";
+    assert.equal(buildSpanTree(mixed).find((span) => span.id === "d-1/check_stock")!.status, "error", "组里有一个出错就是 error");
+    assert.equal(formatSpanTree([]), "", "没有节点就没有行");
 
     // 一个停在 paused 的任务：没有 created 事件（从第一条事件算起）、没有类型、没有结论；步骤没记开始时间时，
     // 从上一步结束或此前最近的一次迁移算起；system 补丁不是模型回应的输入；价目表由调用方给。
@@ -2375,6 +2512,50 @@ test("Lab 23.4 · 执行树：task → model / tool，带有界且脱敏的摘�
     ended.snapshot.state = "cancelled";
     ended.events.push({ taskId: "o-1", from: "paused", to: "cancelled", event: "cancelled", payload: null, at: 1_400 });
     assert.deepEqual([buildSpanTree(ended)[0]!.status, buildSpanTree(ended)[0]!.endedAt, buildSpanTree(ended)[0]!.costUsd], ["cancelled", 1_400, undefined]);
+    assert.ok(!Object.hasOwn(buildSpanTree(ended)[0]!, "costUsd"), "价目表里没有这个模型：任务节点没有 costUsd 这个键");
+    // 外来的日志里，工具调用块可能缺 arguments：参数摘要是空的，回复写成 名字()。
+    const argless = structuredClone(paused);
+    const arglessReply = argless.snapshot.context.messages[2] as AssistantMessage;
+    delete (arglessReply.content[0] as { arguments?: unknown }).arguments;
+    const arglessSpans = buildSpanTree(argless, { prices: m2 });
+    assert.deepEqual([arglessSpans[1]!.outputDigest, arglessSpans[2]!.inputDigest], ["assistant: grep()", ""]);
+    // 一条回复里有两个工具调用：工具节点的参数来自 id 对得上的那一个；对话里的结果比步骤里记的（可能截短的）那份优先。
+    const twoCalls = structuredClone(paused);
+    const twoCallsReply = twoCalls.snapshot.context.messages[2] as AssistantMessage;
+    twoCallsReply.content.unshift(call("t0", "grep", { q: "别的" }));
+    (twoCalls.snapshot.context.steps[1] as { result: string }).result = "步骤里记的";
+    (twoCalls.snapshot.context.messages[3] as ToolResultMessage).isError = false; // 成功的结果同样去掉 “toolResult: ” 前缀
+    Object.assign(twoCalls.snapshot.context.steps[0]!, { usage: { input: "9", output: 1 } });
+    const [, twoCallsModel, twoCallsTool] = buildSpanTree(twoCalls, { prices: m2 });
+    assert.deepEqual([twoCallsTool!.inputDigest, twoCallsTool!.outputDigest], ['{"q":"x"}', "没找到"]);
+    assert.deepEqual(twoCallsModel!.tokens, { input: 10, output: 5 }, "字符串的 input token 当作没有，退回回复里记的用量");
+    // 回复的 stopReason 与步骤对不上：不认它（token 退回步骤自己记的总数）。
+    const mismatched = structuredClone(paused);
+    (mismatched.snapshot.context.steps[0] as { stopReason: string }).stopReason = "stop";
+    assert.deepEqual(buildSpanTree(mismatched, { prices: m2 })[1]!.tokens, { input: 15, output: 0 }, "stopReason 对不上的回复不算这一步的");
+    // 第 22 章的格式错误回填：模型上一次的原样输出（assistant）紧跟一条 user 说明错在哪里。它不是新的回复，
+    // 不被认作哪一步的回复，也不是“第一个模型名”的来源。
+    const backfilled = structuredClone(paused);
+    backfilled.snapshot.context.messages.splice(1, 0,
+      assistantMessage([text("{坏的")], "toolUse", { model: "m-old", usage: { input: 1, output: 1, totalTokens: 2 } }),
+      { role: "user", content: [text("上一条回复不是合法的格式")], timestamp: 1 });
+    assert.deepEqual(buildSpanTree(backfilled, { prices: m2 }).slice(1, 2).map((span) => [span.name, span.tokens]), [["m-2", { input: 10, output: 5 }]]);
+    (backfilled.snapshot.context.steps[0] as { stopReason: string }).stopReason = "stop";
+    assert.equal(buildSpanTree(backfilled, { prices: m2 })[1]!.name, "m-2", "借不到名字时找第一条真正的回复，跳过回填");
+    // 没留下回复的那次借用最近一次回复的模型名（不是第一次的）。
+    const twoModels = structuredClone(paused);
+    twoModels.snapshot.context.messages.push(assistantMessage([text("再想想")], "stop", { model: "m-3", usage: { input: 3, output: 1, totalTokens: 4 } }));
+    twoModels.snapshot.context.steps[2] = { stepId: 3, type: "model_call", at: 1_300, stopReason: "stop", tokens: 4, toolCallIds: [] };
+    twoModels.snapshot.context.steps.push({ stepId: 4, type: "model_call", at: 1_350, stopReason: "aborted", tokens: 0, toolCallIds: [] });
+    assert.deepEqual(buildSpanTree(twoModels).slice(3).map((span) => span.name), ["m-3", "m-3"], "借用的是最近一次回复的模型名");
+    // 最后一次模型调用在节点里：任务自己最后那次失败的调用仍是“最后一次”，不算重试。
+    const nodeLast = structuredClone(paused);
+    nodeLast.snapshot.context.steps.push({ stepId: 4, type: "model_call", at: 1_350, stopReason: "stop", tokens: 5, toolCallIds: [] });
+    nodeLast.snapshot.context.extensions = { orchestration: { calls: [{ step: 4, node: "n", startedAt: 1_300 }] } };
+    assert.deepEqual(buildSpanTree(nodeLast, { prices: m2 }).map((span) => span.retries), [0, 0, 0, 0, 0, 0], "节点里的调用不改变谁是最后一次");
+    const toolLast = structuredClone(paused);
+    toolLast.snapshot.context.steps.push({ stepId: 4, type: "tool_call", at: 1_350, tool: "grep", callId: "t9", idempotencyKey: "o-1#4", isError: false, result: "晚到" });
+    assert.deepEqual(buildSpanTree(toolLast, { prices: m2 }).map((span) => span.retries), [0, 0, 0, 0, 0], "之后的工具调用也不改变谁是最后一次模型调用");
     const bare = structuredClone(paused);
     bare.events = [];
     assert.equal(buildSpanTree(bare)[0]!.startedAt, 2_000, "没有事件时从检查点时间算起");
@@ -2397,6 +2578,8 @@ test("Lab 23.4 · 执行树：task → model / tool，带有界且脱敏的摘�
         ],
       },
     };
+    // 模型步骤自己写的字段同样要类型对：字符串的尝试次数、字符串的 output token 都当作没有。
+    Object.assign(junk.snapshot.context.steps[2]!, { attempt: "2", usage: { input: 250, output: "50" } });
     const junkSpans = buildSpanTree(junk);
     assert.deepEqual(shape(junkSpans), ["task:status:ok:0:-", "tool:stock:ok:0:d-1", "tool:shipping_fee:ok:0:d-1", "model:model:ok:0:d-1"]);
     assert.deepEqual(junkSpans.map((span) => [span.startedAt, span.tokens, span.inputDigest]), [
@@ -2470,6 +2653,15 @@ test("Lab 23.4 · 重放：失败任务的日志写成 ScriptedModel 脚本与�
       const turnText = (turns: ScriptedTurn[]): string[] =>
         turns.map((turn) => ("role" in turn ? `reply:${turn.stopReason}` : `${turn.stopReason}:${turn.errorMessage}`));
       assert.deepEqual(turnText(scriptFromLog(record)), ["reply:toolUse", "error:upstream 503", "reply:error"]);
+      // 脚本按步骤号排，不按步骤在日志里的位置：步骤倒过来写的记录得到同一份脚本。
+      const reversed = structuredClone(record);
+      reversed.snapshot.context.steps.reverse();
+      assert.deepEqual(scriptFromLog(reversed), scriptFromLog(record), "步骤在日志里的先后不影响脚本");
+      // 对话里那条回复的 stopReason 与步骤对不上：不播放它，按步骤记下的结局造一次失败。
+      const mismatchedLog = structuredClone(record);
+      const firstModelStep = mismatchedLog.snapshot.context.steps.find((step) => step.type === "model_call")!;
+      (firstModelStep as { stopReason: string }).stopReason = "stop";
+      assert.deepEqual(turnText(scriptFromLog(mismatchedLog))[0], `error:重放：记录里的第 ${firstModelStep.stepId} 步以 stop 结束`);
       const unexplained = structuredClone(record);
       for (const step of unexplained.snapshot.context.steps) {
         if (step.type === "model_call") delete step.error;
@@ -2481,12 +2673,54 @@ test("Lab 23.4 · 重放：失败任务的日志写成 ScriptedModel 脚本与�
       // 回放的工具只交回记录里的那条结果；记录里没有的调用是一个错误，不会去做真实的事。
       const [replayed0] = recordedTools(record);
       assert.equal(replayed0!.name, "lookup");
+      assert.deepEqual(replayed0!.schema.jsonSchema, objectSchema({}).jsonSchema, "交给模型的说明书是一个空对象的 schema");
+      assert.match(replayed0!.description, /回放.*lookup/, "回放工具的说明写明它只回放 lookup 的记录");
       assert.deepEqual(await replayed0!.execute({}, { callId: "c1" }), { content: record.snapshot.context.messages.find((m): m is ToolResultMessage => m.role === "toolResult")!.content, isError: false });
       await assert.rejects(replayed0!.execute({}, { callId: "nope" }), /日志里没有调用 nope 的结果/);
       // 走 DAG 或规划-执行路线的任务不经过 TaskRuntime：不能这样重放，而且要说清楚为什么。
       const routed: TaskRecord = structuredClone(record);
       routed.snapshot.context.extensions = { orchestration: { route: { executor: "status-query", kind: "dag", by: "rule", reason: "测试" }, calls: [] } };
       await assert.rejects(replayTask(routed, { store: replayStore }), /dag 路线.*只支持 ReAct/);
+      // 经过 Orchestrator、走 ReAct 路线的任务照样能重放；原任务的 token 配额也带进重放。
+      const reactRouted: TaskRecord = structuredClone(record);
+      reactRouted.snapshot.context.extensions = { orchestration: { route: { executor: "react", kind: "react", by: "rule", reason: "测试" }, calls: [] } };
+      reactRouted.snapshot.context.tokenBudget = 100_000;
+      const reactStore = await TaskStore.open(path.join(dir, "replay-react.log"), { fsync: false });
+      try {
+        const reactReplay = await replayTask(reactRouted, { store: reactStore, clock: manualClock().now, sleep: async () => undefined, hooks: retryHook(1) });
+        assert.deepEqual([reactReplay.snapshot.state, reactReplay.snapshot.context.tokenBudget], ["failed", 100_000]);
+      } finally {
+        await reactStore.close();
+      }
+      // 原任务停在 paused（工具结果交给人看）、被放行过一次：重放也放行一次，走到同一个结局、同一串事件。
+      const onceHuman = (): TaskHooks => {
+        let asked = false;
+        return { onToolResult: () => (asked ? undefined : ((asked = true), { pause: { reason: "请人看一眼" } })) };
+      };
+      const humanStore = await TaskStore.open(path.join(dir, "human.log"), { fsync: false });
+      const humanRuntime = new TaskRuntime({ store: humanStore, model, tools: [lookupTool()], clock: clock.now, sleep: async (ms) => clock.advance(ms), hooks: [retryHook(1), onceHuman()] });
+      await humanRuntime.submit({ id: "h", input: "查询账户 acct-Z" });
+      assert.equal((await humanRuntime.run("h")).state, "paused");
+      const pausedRecord: TaskRecord = structuredClone({ snapshot: humanStore.latest("h")!, events: humanStore.events("h") });
+      assert.equal((await humanRuntime.run("h")).state, "failed");
+      const humanRecord: TaskRecord = { snapshot: humanStore.latest("h")!, events: humanStore.events("h") };
+      await humanStore.close();
+      const humanReplayStore = await TaskStore.open(path.join(dir, "human-replay.log"), { fsync: false });
+      try {
+        const humanReplay = await replayTask(humanRecord, { store: humanReplayStore, clock: manualClock().now, sleep: async () => undefined, hooks: [retryHook(1), onceHuman()] });
+        assert.equal(humanReplay.snapshot.state, "failed", "重放也放行了那一次");
+        assert.deepEqual(humanReplay.record.events.map((event) => event.event), humanRecord.events.map((event) => event.event));
+      } finally {
+        await humanReplayStore.close();
+      }
+      // 没被放行过的那一刻的记录：重放同样停在 paused，不替人放行。
+      const pausedReplayStore = await TaskStore.open(path.join(dir, "paused-replay.log"), { fsync: false });
+      try {
+        const pausedReplay = await replayTask(pausedRecord, { store: pausedReplayStore, clock: manualClock().now, sleep: async () => undefined, hooks: [retryHook(1), onceHuman()] });
+        assert.equal(pausedReplay.snapshot.state, "paused", "原任务没被放行，重放也不放行");
+      } finally {
+        await pausedReplayStore.close();
+      }
     } finally {
       await replayStore.close();
     }
@@ -2522,7 +2756,9 @@ test("Lab 23.4 · 指标：成功率、按类型的平均成本、P95 端到端�
   const unsorted = [3, 1, 2];
   assert.equal(percentile(unsorted, 1), 3, "p = 1 是最大的那个");
   assert.deepEqual(unsorted, [3, 1, 2], "percentile 不改动输入");
-  for (const p of [0, 1.5, Number.NaN]) assert.throws(() => percentile([1], p), RangeError, `p = ${p} 不在 (0, 1] 里`);
+  for (const p of [0, 1.5, Number.NaN]) {
+    assert.throws(() => percentile([1], p), (error: unknown) => error instanceof RangeError && error.message.includes(`分位数必须在 (0, 1] 之间，收到 ${p}`), `p = ${p} 不在 (0, 1] 里`);
+  }
 
   const dir = await tempDir();
   const store = await TaskStore.open(path.join(dir, "tasks.log"), { fsync: false });
@@ -2592,6 +2828,11 @@ test("Lab 23.4 · 指标：成功率、按类型的平均成本、P95 端到端�
     assert.deepEqual([wider.humanIntervened, wider.humanInterventionRate], [0, 0], "默认判定：这份日志里没有 needs_human");
     const waiting = computeMetrics(more.filter((record) => record.snapshot.taskId !== "x1"));
     assert.deepEqual([waiting.cancelled, waiting.unfinished], [0, 1], "还没跑的任务不是取消");
+    // 日志是外来数据：写着 completed、却没有终态事件的记录（例如截短了的日志）算不出端到端时延，不进 P95 的样本。
+    const endless = structuredClone(records[0]!);
+    endless.events = endless.events.filter((item) => item.event === "created");
+    const withEndless = computeMetrics([...records, endless]);
+    assert.deepEqual([withEndless.completed, withEndless.latencySamples, withEndless.p95LatencyMs], [7, 7, 3_000], "没有终态事件的任务不进时延样本");
     assert.deepEqual(Object.keys(wider.costByType), ["audit", "query", "report", "task"], "类型名按字典序");
     assert.deepEqual(wider.costByType.task, { tasks: 1, meanCostUsd: null, meanTokens: 0 }, "没调用过模型的任务没有费用");
     assert.deepEqual(wider.costByType.audit, { tasks: 1, meanCostUsd: null, meanTokens: 0 });
