@@ -434,8 +434,13 @@ test("Lab 18.2 · 直接调用循环时末尾的失败回复是 retry；钩子�
   assert.equal(last.errorMessage, "router exploded");
 
   // 答复的 model 不是一个模型，或者答复根本不是对象：同样是说明了原因的 error 回复，而不是一个悬空的异常。
-  const answers: unknown[] = [{ model: {} as Model }, "fast"];
-  for (const answer of answers) {
+  // 错误文字说出是哪一种：model 没有 stream()（包括 model 是 null），或者答复不是对象。
+  const answers: [unknown, string][] = [
+    [{ model: {} as Model }, "prepareRequest 返回的 model 没有 stream() 方法"],
+    [{ model: null }, "prepareRequest 返回的 model 没有 stream() 方法"],
+    ["fast", "prepareRequest 必须返回一个对象或 undefined"],
+  ];
+  for (const [answer, reason] of answers) {
     const malformed = await runAgentLoop({
       model: configured,
       tools: new ToolRegistry(),
@@ -448,9 +453,19 @@ test("Lab 18.2 · 直接调用循环时末尾的失败回复是 retry；钩子�
     assert.equal(malformed.reason, "error", JSON.stringify(answer));
     const explained = malformed.messages.at(-1) as AssistantMessage;
     assert.equal(explained.stopReason, "error", JSON.stringify(answer));
-    assert.notEqual(explained.errorMessage ?? "", "", `${JSON.stringify(answer)}：error 回复要说明原因`);
+    assert.equal(explained.errorMessage, reason, `${JSON.stringify(answer)}：error 回复要说明原因`);
   }
   assert.equal(configured.requests.length, 0);
+  // 钩子返回 null（JavaScript 写的钩子可能这样做）：与返回 undefined 一样，请求配置的模型。
+  const fallback = physical([reply("configured", "fine")]);
+  const nulled = await runAgentLoop({
+    model: fallback,
+    tools: new ToolRegistry(),
+    context: { messages: [user("hi")] },
+    prepareRequest: () => null as unknown as PreparedRequest,
+  });
+  assert.equal(nulled.reason, "stop");
+  assert.equal(fallback.requests.length, 1);
 });
 
 test("Lab 18.2 · thinkingLevel 与同一个 signal 到达物理模型，transcript 里没有它们的痕迹", HANG_GUARD, async () => {
