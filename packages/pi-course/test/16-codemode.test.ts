@@ -438,6 +438,24 @@ test("Lab 16.1 · 每次执行都是一台新虚拟机；16 MiB 上限下耗尽�
     const copy = (await import(pathToFileURL(path.join(copyDir, "codemode.js")).href)) as typeof import("../src/codemode.js");
     const sandboxOnly = (result: CodemodeScriptResult): unknown => (result.ok ? result : { ...result, error: { kind: result.error.kind } });
     const sandboxFailure = { ok: false, error: { kind: "sandbox" }, output: [], calls: [] };
+    // 已经中止的 signal：副本的 wasm 还一次都没加载过，这次执行也不去读、去编译它——冷启动的进程不为一次不会发生的执行多等。
+    type ReadFile = typeof import("node:fs/promises").readFile;
+    const fsPromises = createRequire(import.meta.url)("node:fs/promises") as { readFile: ReadFile };
+    const realReadFile = fsPromises.readFile;
+    let wasmReads = 0;
+    fsPromises.readFile = ((...args: Parameters<ReadFile>) => {
+      wasmReads += 1;
+      return realReadFile(...args);
+    }) as ReadFile;
+    syncBuiltinESMExports();
+    try {
+      const never = await copy.runCodemodeScript("return 1;", { signal: AbortSignal.abort(new Error("not now")) });
+      assert.deepEqual(never, { ok: false, error: { kind: "aborted", message: "not now" }, output: [], calls: [] });
+    } finally {
+      fsPromises.readFile = realReadFile;
+      syncBuiltinESMExports();
+    }
+    assert.equal(wasmReads, 0, "已中止的执行不该去读 quickjs.wasm");
     // wasm 编译失败是 sandbox 结果；失败不会被缓存，下一次执行重新编译、照常成功。
     const compile = WebAssembly.compile;
     WebAssembly.compile = async () => {
