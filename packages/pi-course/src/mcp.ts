@@ -166,7 +166,7 @@ export interface McpTransport {
   onClose(listener: () => void): () => void;
 }
 
-/** 三组监听者；close 事件最多发一次，之后的消息和错误都不再派发。 */
+/** 三组监听者；close 事件最多发一次，之后的消息不再派发（错误照常报告：例如退出之后才到的 EPIPE）。 */
 export abstract class TransportEvents {
   readonly #messageListeners = new Set<(message: JsonRpcMessage) => void>();
   readonly #errorListeners = new Set<(error: Error) => void>();
@@ -328,6 +328,8 @@ export class StdioTransport extends TransportEvents implements McpTransport {
   #child: ChildProcess | undefined;
   #exited: Promise<void> | undefined;
   #alive = false;
+  /** 启动的结果：spawn 成功时兑现 true，启动失败时兑现 false；还没有 start 时是 false。 */
+  #spawned: Promise<boolean> = Promise.resolve(false);
   /** 当前这一行已经收到、还没等到换行的几段；#lineChars 是它们的总长。只在换行到来时拼接一次，分帧是线性的。 */
   #parts: string[] = [];
   #lineChars = 0;
@@ -366,7 +368,7 @@ export class StdioTransport extends TransportEvents implements McpTransport {
     child.stdin!.on("error", (error) => this.emitError(error));
     child.once("exit", () => this.#handleExit());
 
-    return new Promise((resolve, reject) => {
+    const started = new Promise<void>((resolve, reject) => {
       child.once("spawn", () => {
         this.#alive = true;
         resolve();
@@ -381,6 +383,11 @@ export class StdioTransport extends TransportEvents implements McpTransport {
         }
       });
     });
+    this.#spawned = started.then(
+      () => true,
+      () => false,
+    );
+    return started;
   }
 
   send(message: JsonRpcMessage): Promise<void> {
@@ -406,7 +413,8 @@ export class StdioTransport extends TransportEvents implements McpTransport {
 
   async #shutdown(): Promise<void> {
     const child = this.#child;
-    if (child === undefined || !this.#alive) {
+    // start() 刚调用、spawn 事件还没到时 #alive 还是 false：先等启动有了结果，否则刚起来的子进程没人结束。
+    if (child === undefined || !(await this.#spawned) || !this.#alive) {
       this.emitClose();
       return;
     }

@@ -307,6 +307,17 @@ test("Lab 13.1 · 只恢复所选分支的 message 并深复制；恢复出的 s
     /空 session 的 activeLeafId 必须是 null/,
   );
   await assert.rejects(createRuntime(config("missing-leaf"), deps), /missing-leaf/);
+  // leaf 既不是字符串也不是 null（例如配置文件里写成了数字、或者漏写成 undefined）：不论 session 空不空，都先说出类型不对。
+  for (const [leaf, runtimeDepsFor] of [
+    [5, () => deps],
+    [undefined, () => runtimeDeps(new ScriptedModel([]), new InMemorySessionStore())],
+  ] as const) {
+    await assert.rejects(
+      createRuntime(config(leaf as unknown as string), runtimeDepsFor()),
+      (error: unknown) => error instanceof Error && error.message === "RuntimeConfig.activeLeafId 必须是 string 或 null",
+      String(leaf),
+    );
+  }
 
   // 文件末尾有撕裂尾部的 session：在任何模型调用之前就拒绝，错误说明怎样修复。
   const tornDir = await mkdtemp(path.join(os.tmpdir(), "pi-course-13-torn-"));

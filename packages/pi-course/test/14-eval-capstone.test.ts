@@ -318,6 +318,22 @@ test("Lab 14.1 · judge 只看到活动路径与声明的文件，观察整棵�
     observation.result.messages.pop();
   }, TypeError);
 
+  // result 里有环（一个指回自己的字段）：冻结沿着引用走一遍就停，不会无限递归；judge 照常拿到冻结的副本。
+  const looped: AgentRunResult & { self?: unknown } = { reason: "stop", steps: 2, messages: messagesOf(activePath) };
+  looped.self = looped;
+  let loopedSeen: (AgentRunResult & { self?: unknown }) | undefined;
+  const loopReport = await runEvalCase(passingCase("looped", () => {
+    const runtime = fakeRuntime([], { entries: [...root, ...active], leafId: lastId(active), result: looped });
+    return workspace([], runtime, { "answer.txt": "ok" });
+  }, {
+    judge(observation) {
+      loopedSeen = observation.result;
+      return verdict([true]);
+    },
+  }));
+  assert.equal(loopReport.status, "passed");
+  assert.ok(loopedSeen !== undefined && loopedSeen.self === loopedSeen && Object.isFrozen(loopedSeen));
+
   // 运行结束后改动来源（Runtime 交回的 result 对象）不会影响 judge 拿到的副本。
   const source = result.messages[0]!;
   assert.ok(source.role === "user");
@@ -617,6 +633,9 @@ test("Lab 14.2 · 坏 case、prepare 抛错或交回坏形状、judge 抛错都�
     { value: { ...passingCase("no-prepare", countingPrepare), prepare: "later" }, requested: 1, id: "no-prepare" },
     { value: { ...passingCase("no-prompt", countingPrepare), prompt: 7 }, requested: 1, id: "no-prompt" },
     { value: { ...passingCase("numeric-id", countingPrepare), id: 7 }, requested: 1, id: "" },
+    // 自带 trim 方法的对象不是字符串；挂齐了全部字段的函数也不是一个 case 对象。
+    { value: { ...passingCase("trim-id", countingPrepare), id: { trim: () => "looks fine" } }, requested: 1, id: "" },
+    { value: Object.assign(() => undefined, passingCase("callable", countingPrepare)), requested: 0, id: "" },
     { value: unreadableId, requested: 1, id: "" },
     { value: null, requested: 0, id: "" },
   ];

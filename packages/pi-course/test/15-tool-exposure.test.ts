@@ -378,6 +378,20 @@ test("Lab 15.3 · 全是 direct 的注册表：不写补丁，transcript 与第 
   });
   assert.deepEqual(second.messages.map((message) => message.role), ["system", "user", "system", "assistant"]);
   assertRequestsReplayExactly(restored.requests);
+
+  // 只有撤销、没有添加的补丁（手写的 transcript 可能这样）：也算声明过工具，照样对账，补上现在的清单。
+  const removalOnly = new ScriptedModel([assistantMessage([text("好")])]);
+  const third = await runAgentLoop({
+    model: removalOnly,
+    tools: new ToolRegistry([probe("echo")]),
+    context: { messages: [system({ content: "BASE", toolsRemoved: [{ name: "echo" }] }), userMessage("继续")] },
+  });
+  assert.equal(toolPatches(third.messages).length, 2, "撤销补丁之后追加一条添加 echo 的补丁");
+  // 不是 system 的消息身上挂着工具字段（类型之外的形状）：不算声明过工具，全是 direct 时照样不写补丁。
+  const stray = { ...userMessage("继续"), toolsAdded: [stale] } as unknown as AgentMessage;
+  const strayModel = new ScriptedModel([assistantMessage([text("好")])]);
+  const fourth = await runAgentLoop({ model: strayModel, tools: new ToolRegistry([probe("echo")]), context: { messages: [system({ content: "BASE" }), stray] } });
+  assert.deepEqual(fourth.messages.map((message) => message.role), ["system", "user", "assistant"]);
 });
 
 test("Lab 15.3 · 用了 exposure：第一次请求前在 user 之后追加一条补丁，清单没变就不再写", async () => {

@@ -246,6 +246,28 @@ test("Lab 16.1 · 往返：返回值、输出和调用记录都回到宿主，�
   assert.equal(left.aborted(), true, "执行结束时，还在等的工具应收到中止信号");
   const leftReason = left.reason();
   assert.ok(leftReason instanceof Error && leftReason.message !== "", String(leftReason));
+
+  // 用 tsx 直接运行源码（npm run demo 就是这样）：codemode.ts 自己是 .ts，worker 要先注册 tsx 再加载 codemode-worker.ts。
+  // 在一个子进程里这样跑一次往返，结果和编译后的一样。
+  const source = new URL(import.meta.url.endsWith(".ts") ? "../src/codemode.ts" : "../../src/codemode.ts", import.meta.url).href;
+  const viaTsx = [
+    `import { runCodemodeScript } from ${JSON.stringify(source)};`,
+    "const tools = new Map([['add', { execute: async ({ a, b }) => ({ text: String(a + b) }) }]]);",
+    "const result = await runCodemodeScript('const r = await tools.add({ a: 2, b: 3 }); console.log(r.text); return Number(r.text) * 2;', { tools });",
+    "process.stdout.write(JSON.stringify(result));",
+  ].join("\n");
+  const tsxChild = spawn(process.execPath, ["--import", import.meta.resolve("tsx"), "--input-type=module", "-e", viaTsx], { stdio: ["ignore", "pipe", "pipe"] });
+  let tsxOut = "";
+  let tsxErr = "";
+  tsxChild.stdout.on("data", (chunk: Buffer) => {
+    tsxOut += chunk.toString();
+  });
+  tsxChild.stderr.on("data", (chunk: Buffer) => {
+    tsxErr += chunk.toString();
+  });
+  const tsxExit = await new Promise<number | null>((resolve) => tsxChild.on("close", resolve));
+  assert.equal(tsxExit, 0, tsxErr);
+  assert.deepEqual(JSON.parse(tsxOut), { ok: true, value: 10, output: ["5"], calls: [{ name: "add", status: "ok" }] });
 });
 
 test("Lab 16.1 · 抛错、语法错误和工具失败都只是 ok:false 的结果；工具失败在脚本里可以 catch", SLOW, async () => {
@@ -416,6 +438,24 @@ test("Lab 16.1 · 每次执行都是一台新虚拟机；16 MiB 上限下耗尽�
     const copy = (await import(pathToFileURL(path.join(copyDir, "codemode.js")).href)) as typeof import("../src/codemode.js");
     const sandboxOnly = (result: CodemodeScriptResult): unknown => (result.ok ? result : { ...result, error: { kind: result.error.kind } });
     const sandboxFailure = { ok: false, error: { kind: "sandbox" }, output: [], calls: [] };
+    // 已经中止的 signal：副本的 wasm 还一次都没加载过，这次执行也不去读、去编译它——冷启动的进程不为一次不会发生的执行多等。
+    type ReadFile = typeof import("node:fs/promises").readFile;
+    const fsPromises = createRequire(import.meta.url)("node:fs/promises") as { readFile: ReadFile };
+    const realReadFile = fsPromises.readFile;
+    let wasmReads = 0;
+    fsPromises.readFile = ((...args: Parameters<ReadFile>) => {
+      wasmReads += 1;
+      return realReadFile(...args);
+    }) as ReadFile;
+    syncBuiltinESMExports();
+    try {
+      const never = await copy.runCodemodeScript("return 1;", { signal: AbortSignal.abort(new Error("not now")) });
+      assert.deepEqual(never, { ok: false, error: { kind: "aborted", message: "not now" }, output: [], calls: [] });
+    } finally {
+      fsPromises.readFile = realReadFile;
+      syncBuiltinESMExports();
+    }
+    assert.equal(wasmReads, 0, "已中止的执行不该去读 quickjs.wasm");
     // wasm 编译失败是 sandbox 结果；失败不会被缓存，下一次执行重新编译、照常成功。
     const compile = WebAssembly.compile;
     WebAssembly.compile = async () => {
@@ -705,6 +745,13 @@ test("Lab 16.2 · 一次失败的嵌套调用（工具抛错或参数不合法�
 });
 
 test("Lab 16.2 · 记录有上限：超出条数的调用照样执行只计数，过大的参数只记字节数，错误截短，账本是副本", SLOW, async () => {
+  // 不经过脚本、直接调用函数表时，参数可能根本写不成 JSON（例如一个函数）：记录里记成 null，调用照常交给执行器。
+  const direct = createNestedToolBridge(new ToolRegistry([probeTool("p", "codemode", async () => "ok")]), "call-x", {
+    executeToolCall: async (call) => ({ role: "toolResult", toolCallId: call.id, toolName: call.name, content: [text("ok")], isError: false, timestamp: 0 }),
+  });
+  assert.deepEqual(await direct.tools.get("p")!.execute(() => 1, { signal: new AbortController().signal }), { text: "ok" });
+  assert.deepEqual(direct.nestedCalls().calls, [{ id: "call-x/1", name: "p", status: "ok", arguments: null }]);
+
   const seen: unknown[] = [];
   const registry = new ToolRegistry([
     readTool("codemode", seen),
@@ -807,6 +854,7 @@ test("Lab 16.3 · 死循环和等不到的工具都在期限到时以 timeout �
         timeoutMs,
       });
       assert.deepEqual({ ok: refused.ok, kind: !refused.ok && refused.error.kind, calls: refused.calls }, { ok: false, kind: "sandbox", calls: [] }, `timeoutMs: ${timeoutMs}`);
+      assert.equal(!refused.ok && refused.error.message, `timeoutMs must be a positive number, got ${timeoutMs}`);
     }
   });
   assert.deepEqual(untouched, []);
@@ -852,6 +900,14 @@ test("Lab 16.3 · 调用者中止：脚本以 aborted 结束，嵌套调用在�
   assert.deepEqual(early, { ok: false, error: { kind: "aborted", message: "too late" }, output: [], calls: [] });
   assert.equal(earlyWorkers, 0, "已中止的 signal 不该启动 worker");
   assert.deepEqual(ran, []);
+  // 调用之后、wasm 还没交到手（worker 还没启动）时中止：同样不再启动 worker。
+  const during = new AbortController();
+  const duringWorkers = await countWorkers(async () => {
+    const pending = runCodemodeScript("return 1;", { signal: during.signal });
+    during.abort(new Error("changed my mind"));
+    assert.deepEqual(await pending, { ok: false, error: { kind: "aborted", message: "changed my mind" }, output: [], calls: [] });
+  });
+  assert.equal(duringWorkers, 0, "等 wasm 时已经中止，不该再启动 worker");
 
   // 没有中止的 signal：每个出口（成功、脚本出错、超时）都摘掉挂在它上面的 abort 监听，调用者的 signal 上一个也不剩。
   const kept = new AbortController();

@@ -1,11 +1,14 @@
 import assert from "node:assert/strict";
+import { createHook } from "node:async_hooks";
 import { spawn } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
-import test, { afterEach } from "node:test";
+import test, { afterEach, mock } from "node:test";
 import {
+  DEFAULT_STDIO_CLOSE_TIMEOUT_MS,
+  DEFAULT_STDIO_GRACE_MS,
   InMemoryTransport,
   JSON_RPC_ERROR_CODES,
   LATEST_PROTOCOL_VERSION,
@@ -17,6 +20,7 @@ import {
   McpError,
   McpTimeoutError,
   StdioTransport,
+  TransportEvents,
   createInMemoryTransportPair,
   isJsonRpcNotification,
   isJsonRpcRequest,
@@ -34,6 +38,7 @@ import {
   MAX_SECTION_TOOL_NAMES,
   MCP_SERVERS_SECTION,
   createMcpRuntime,
+  createMcpTool,
   createMcpToolName,
   renderMcpServersSection,
   toModelContent,
@@ -320,6 +325,42 @@ test("Lab 17.1 · 握手：initialize → notifications/initialized；重复 con
   await assert.rejects(lone.send({ jsonrpc: "2.0", method: "notifications/nowhere" }), closedAsConnectionError);
   await lone.close();
   await assert.rejects(lone.start(), closedAsConnectionError);
+
+  // 传输的公共底座：close 事件只发一次，子类可以从 closeEmitted 读到它已经发过；之后 emitMessage 不再派发消息。
+  class ProbeTransport extends TransportEvents {
+    fire(message: JsonRpcMessage): void {
+      this.emitMessage(message);
+    }
+    finish(): void {
+      this.emitClose();
+    }
+    get finished(): boolean {
+      return this.closeEmitted;
+    }
+  }
+  const probe = new ProbeTransport();
+  const probed: string[] = [];
+  probe.onMessage((message) => probed.push("method" in message ? message.method : "response"));
+  probe.onClose(() => probed.push("close"));
+  probe.fire({ jsonrpc: "2.0", method: "before" });
+  assert.equal(probe.finished, false);
+  probe.finish();
+  probe.finish();
+  assert.equal(probe.finished, true);
+  probe.fire({ jsonrpc: "2.0", method: "after" });
+  assert.deepEqual(probed, ["before", "close"]);
+
+  // initialize 的应答已经送到、客户端还没走完握手时连接被关掉：connect 以“MCP client is closed”失败，
+  // 不记下服务器信息，也不再发 notifications/initialized。
+  const racing = createInMemoryTransportPair();
+  const racingServer = serveMcp(racing.server);
+  const racer = newClient();
+  const racingConnect = racer.connect(racing.client);
+  racing.client.onMessage(() => void racing.client.close());
+  await assert.rejects(racingConnect, (error: unknown) => error instanceof McpConnectionClosedError && error.message === "MCP client is closed");
+  assert.equal(racer.serverInfo, undefined);
+  assert.equal(racer.connectionState, "closed");
+  assert.deepEqual(racingServer.methods(), ["initialize"]);
 });
 
 test("Lab 17.1 · 版本协商：不支持的版本关闭连接且不发 initialized；2024-11-05 可以接受", HANG_GUARD, async () => {
@@ -457,6 +498,7 @@ const BROKEN_RESULTS: Record<string, unknown> = {
   hole: { content: [null] },
   untyped: { content: [{ text: "no type" }] },
   textless: { content: [{ type: "text" }] },
+  fuzzy: { content: [], isError: "yes" },
 };
 
 test("Lab 17.2 · tools/call：arguments 只在给出时发送，缺 content 记为空列表，服务器错误变成带码的 McpError", HANG_GUARD, async () => {
@@ -478,6 +520,8 @@ test("Lab 17.2 · tools/call：arguments 只在给出时发送，缺 content 记
   const calls = server.requests("tools/call");
   assert.deepEqual(calls[0]!.params, { name: "search", arguments: { q: "mcp" } });
   assert.deepEqual(calls[1]!.params, { name: "quiet" });
+  // id 从 1 起逐个递增：initialize 用了 1，之后的两次调用是 2 和 3。
+  assert.deepEqual([calls[0]!.id, calls[1]!.id], [2, 3]);
 
   await assert.rejects(client.callTool("weird", {}), /tools\/call/);
   // 结果不是对象、content 不是数组、某一块不是对象或没有字符串 type、text 块没有 text：都是形状错误。
@@ -550,7 +594,7 @@ test("Lab 17.3 · 超时：拒绝调用者并发一次 cancelled，连接保留�
 });
 
 test("Lab 17.3 · 取消：已中止的 signal 不发送，发送后中止带上原因；传输关闭时所有待答请求一起被拒绝", HANG_GUARD, async () => {
-  const { client, server, serverSide, clientSide } = await connectedPair({ gate: (request) => request.method !== "tools/call" });
+  const { client, server, serverSide, clientSide, errors } = await connectedPair({ gate: (request) => request.method !== "tools/call" });
 
   const before = server.received.length;
   const aborted = new AbortController();
@@ -595,6 +639,42 @@ test("Lab 17.3 · 取消：已中止的 signal 不发送，发送后中止带上
   await settle();
   assert.equal(server.notifications("notifications/cancelled").length, 2);
   assert.equal(client.connectionState, "connected");
+  // abort(null)：原因既不是 Error 也没有文字，消息是缺省的 "Aborted"（McpAbortError 自己的缺省消息也是它）。
+  const nulled = new AbortController();
+  const nulledCall = client.callTool("x", {}, { signal: nulled.signal });
+  await settle();
+  nulled.abort(null);
+  await assert.rejects(nulledCall, (error: unknown) => error instanceof McpAbortError && error.message === "Aborted");
+  assert.equal(new McpAbortError().message, "Aborted");
+  await settle();
+  assert.deepEqual((server.notifications("notifications/cancelled")[2] as { params?: unknown }).params, { requestId: server.held[2]!.id, reason: "Aborted" });
+  // 给服务器的应答（这里是 ping 的）发送失败：报告给 onError，连接照常。
+  clientSide.send = (message) => (isJsonRpcResponse(message) ? Promise.reject(new Error("reply lost")) : realSend(message));
+  await serverSide.send({ jsonrpc: "2.0", id: "p-1", method: "ping" });
+  await settle();
+  clientSide.send = realSend;
+  assert.deepEqual(errors.map((error) => error.message).filter((message) => message === "reply lost"), ["reply lost"]);
+  assert.equal(client.connectionState, "connected");
+  // 请求还在发送中、连接就关了：调用者得到 McpConnectionClosedError；之后那次发送才失败，也只是无人过问，不会变成未处理的拒绝。
+  const late = await connectedPair();
+  let failLate: (error: Error) => void = () => undefined;
+  const lateRealSend = late.clientSide.send.bind(late.clientSide);
+  late.clientSide.send = (message) =>
+    isJsonRpcRequest(message) ? new Promise<void>((_, reject) => (failLate = reject)) : lateRealSend(message);
+  const unsent = late.client.callTool("slow", {});
+  await late.client.close();
+  await assert.rejects(unsent, McpConnectionClosedError);
+  const unhandled: unknown[] = [];
+  const onUnhandled = (reason: unknown) => unhandled.push(reason);
+  process.on("unhandledRejection", onUnhandled);
+  try {
+    failLate(new Error("send failed after close"));
+    await settle();
+    await settle();
+  } finally {
+    process.off("unhandledRejection", onUnhandled);
+  }
+  assert.deepEqual(unhandled, []);
 
   let closes = 0;
   client.onClose(() => {
@@ -628,9 +708,10 @@ const readline = require("node:readline");
 const write = (message) => process.stdout.write(JSON.stringify(message) + "\n");
 // FIXTURE_MARKS：把收尾的经过逐行记进这个文件。FIXTURE_STUBBORN：既不理会 stdin 关闭，也不理会 SIGTERM。
 // FIXTURE_STDERR：开始读 stdin 之前先往 stderr 同步写 1 MiB 日志（写不进去就一直等在那里）。FIXTURE_GRANDCHILD：起一个握着 stdout 的孙进程。
-// FIXTURE_DEAF：答完 initialize 就再也不读 stdin。
+// FIXTURE_DEAF：答完 initialize 就再也不读 stdin。tools/call hangup：关掉自己的 stdin（fd 0）再应答，之后照样活着。
 const mark = (what) => process.env.FIXTURE_MARKS && fs.appendFileSync(process.env.FIXTURE_MARKS, what + "\n");
 const stubborn = process.env.FIXTURE_STUBBORN === "1";
+let hungUp = false;
 mark("pid " + process.pid);
 if (process.env.FIXTURE_STDERR === "1") fs.writeSync(2, "log line\n".repeat(128 * 1024));
 if (process.env.FIXTURE_GRANDCHILD === "1") {
@@ -671,6 +752,12 @@ lines.on("line", (line) => {
     // 一行 20 MiB、没有换行的垃圾，然后才是这次调用的应答和一条通知。
     process.stdout.write("x".repeat(20 * 1024 * 1024));
     process.stdout.write("\n" + JSON.stringify({ jsonrpc: "2.0", id: message.id, result: { content: [{ type: "text", text: "after flood" }] } }) + "\n");
+  } else if (message.method === "tools/call" && params.name === "hangup") {
+    hungUp = true;
+    lines.close();
+    process.stdin.destroy();
+    fs.closeSync(0);
+    reply({ content: [{ type: "text", text: "stdin closed" }] });
   } else if (message.method === "tools/call" && params.name === "crash") {
     process.stdout.write('{"jsonrpc":"2.0","id":' + message.id + ',"res', () => process.exit(3));
   } else {
@@ -681,7 +768,7 @@ lines.on("close", () => {
   mark("stdin closed");
   // 收尾时留下几个空格、不换行：退出时缓冲里只剩空白，不算残缺的消息。
   process.stdout.write("  ");
-  if (stubborn) setInterval(() => undefined, 1000);
+  if (stubborn || hungUp) setInterval(() => undefined, 1000);
   else setTimeout(() => process.exit(0), 20);
 });
 `;
@@ -715,6 +802,22 @@ async function withStdioServer(
     }
     await rm(dir, { recursive: true, force: true });
   }
+}
+
+/** 把发给进程组（负 pid）的信号记下来，照样真的发出去；restore() 放回原来的 process.kill。 */
+function recordGroupSignals(): { to(pid: number): string[]; restore(): void } {
+  const realKill = process.kill;
+  const sent: { pid: number; signal: string }[] = [];
+  process.kill = ((pid: number, signal?: NodeJS.Signals | number) => {
+    if (pid < 0) sent.push({ pid: -pid, signal: String(signal) });
+    return realKill.call(process, pid, signal);
+  }) as typeof process.kill;
+  return {
+    to: (pid) => sent.filter((entry) => entry.pid === pid).map((entry) => entry.signal),
+    restore: () => {
+      process.kill = realKill;
+    },
+  };
 }
 
 /** 进程还活着：/proc 里还有它，而且不是僵尸（被杀的进程在被回收之前还会以 Z 状态留一会儿，kill(pid, 0) 照样成功）。 */
@@ -777,8 +880,15 @@ test("Lab 17.4 · 真实子进程：握手、列出、调用；env 叠加在 pro
     transport.onClose(() => {
       closes += 1;
     });
-    await client.close();
-    await transport.close();
+    // 服务器在宽限期里自己退出：不发 SIGTERM；退出之后只对整个组补一次 SIGKILL（清掉它可能留下的孙进程）。
+    const politeSignals = recordGroupSignals();
+    try {
+      await client.close();
+      await transport.close();
+    } finally {
+      politeSignals.restore();
+    }
+    assert.deepEqual(politeSignals.to(pid!), ["SIGKILL"]);
     assert.equal(processAlive(pid!), false);
     assert.equal(closes, 1);
     await assert.rejects(transport.send({ jsonrpc: "2.0", method: "late" }), notRunning);
@@ -786,16 +896,65 @@ test("Lab 17.4 · 真实子进程：握手、列出、调用；env 叠加在 pro
     assert.deepEqual((await readFile(marks, "utf8")).split("\n").filter((line) => line !== "" && !line.startsWith("pid ")), ["stdin closed"]);
     assert.deepEqual(transportErrors, []);
 
-    // 既不理会 stdin 关闭、也不理会 SIGTERM 的服务器：宽限期后 SIGTERM，再等 closeTimeoutMs，最后 SIGKILL，close() 照样结束。
-    // （先等它应答一次：说明它已经装好了 SIGTERM 的处理。）
-    const stubborn = start({ FIXTURE_STUBBORN: "1" }, { graceMs: 20, closeTimeoutMs: 20 });
+    // 既不理会 stdin 关闭、也不理会 SIGTERM 的服务器：缺省宽限期（200 ms）后 SIGTERM，再等缺省的 1000 ms，最后 SIGKILL，
+    // close() 照样结束。（先等它应答一次：说明它已经装好了 SIGTERM 的处理。）节奏在模拟时钟上检查，看发给进程组的信号。
+    // close() 一开始，send 就被拒绝。
+    assert.deepEqual([DEFAULT_STDIO_GRACE_MS, DEFAULT_STDIO_CLOSE_TIMEOUT_MS], [200, 1_000]);
+    const stubborn = start({ FIXTURE_STUBBORN: "1" });
     const answered = new Promise<void>((ready) => stubborn.onMessage(() => ready()));
     await stubborn.start();
     await stubborn.send({ jsonrpc: "2.0", id: 1, method: "tools/list" });
     await answered;
     const stubbornPid = stubborn.pid!;
-    await stubborn.close();
+    const stubbornSignals = recordGroupSignals();
+    mock.timers.enable({ apis: ["setTimeout"] });
+    try {
+      const closing = stubborn.close();
+      await assert.rejects(stubborn.send({ jsonrpc: "2.0", method: "while closing" }), notRunning);
+      await settle();
+      mock.timers.tick(DEFAULT_STDIO_GRACE_MS - 1);
+      await settle();
+      assert.deepEqual(stubbornSignals.to(stubbornPid), []);
+      mock.timers.tick(1);
+      await settle();
+      assert.deepEqual(stubbornSignals.to(stubbornPid), ["SIGTERM"]);
+      mock.timers.tick(DEFAULT_STDIO_CLOSE_TIMEOUT_MS - 1);
+      await settle();
+      assert.deepEqual(stubbornSignals.to(stubbornPid), ["SIGTERM"]);
+      mock.timers.tick(1);
+      await closing;
+      assert.deepEqual(stubbornSignals.to(stubbornPid), ["SIGTERM", "SIGKILL", "SIGKILL"]);
+    } finally {
+      mock.timers.reset();
+      stubbornSignals.restore();
+    }
     assert.equal(processAlive(stubbornPid), false);
+
+    // 服务器活着、却关掉了自己的 stdin：再写给它得到 EPIPE。这次发送以 EPIPE 失败，错误也交给 onError，
+    // 不会变成一个没人接的 error 事件、把宿主进程打崩。
+    const hangup = start(undefined, { graceMs: 20, closeTimeoutMs: 1_000 });
+    const hangupErrors: Error[] = [];
+    hangup.onError((error) => hangupErrors.push(error));
+    const hangupClient = newClient();
+    await hangupClient.connect(hangup);
+    await hangupClient.callTool("hangup", {});
+    const isEpipe = (error: unknown) => (error as NodeJS.ErrnoException).code === "EPIPE";
+    await assert.rejects(hangupClient.callTool("echo", {}), isEpipe);
+    await settle();
+    assert.ok(hangupErrors.some(isEpipe), hangupErrors.map((error) => error.message).join("; "));
+    await hangupClient.close();
+    assert.equal(processAlive(hangup.pid!), false);
+
+    // 不给 args：子进程收到的参数一个也没有（这里的命令是一个报告参数个数、再换成服务器的 shell 脚本）。
+    const argvMarks = path.join(path.dirname(file), "argv-marks.txt");
+    const wrapper = path.join(path.dirname(file), "server.sh");
+    await writeFile(wrapper, `#!/bin/sh\necho "$#" > "$ARGV_MARKS"\nexec "${process.execPath}" "${file}"\n`, { mode: 0o755 });
+    const bare = new StdioTransport({ command: wrapper, env: { ARGV_MARKS: argvMarks } });
+    const bareClient = newClient();
+    await bareClient.connect(bare);
+    await bareClient.close();
+    assert.equal(await readFile(argvMarks, "utf8"), "0\n");
+    assert.equal(processAlive(bare.pid!), false);
 
     // 经 sh -c 启动的服务器：sh 收到 SIGTERM 就退出，它起的 node 却不理会。信号发给整个进程组，
     // sh 退出之后组里剩下的进程也一起结束——不会留下一个没人管的服务器。
@@ -883,6 +1042,17 @@ test("Lab 17.4 · 真实子进程：握手、列出、调用；env 叠加在 pro
     assert.equal(hostExit, 0, hostErr);
     await untilGone(await markedPid(familyMarks, "grandchild"), "服务器的孙进程在 close 之后还活着");
 
+    // start() 之后、子进程的 spawn 事件到来之前就 close()：close 先等启动有了结果，再照常结束子进程；
+    // 不等的话，刚起来的服务器没人结束，一直活着、拖住宿主。
+    await expectNoLeaks({ label: "spawn 之前就关掉的 stdio 服务器" }, async () => {
+      const hasty = start();
+      const started = hasty.start();
+      const closed = hasty.close();
+      await started;
+      await closed;
+      assert.equal(processAlive(hasty.pid!), false);
+    });
+
     // 从没启动就关掉：只发一次 close，之后也不能再 start。
     const unused = start();
     let unusedCloses = 0;
@@ -947,6 +1117,10 @@ test("Lab 17.4 · 分帧：半行留到下一块，空行跳过，坏行只报�
   assert.deepEqual(codes(third.errors), [...notMessages.map(() => JSON_RPC_ERROR_CODES.invalidRequest), JSON_RPC_ERROR_CODES.parseError]);
   const longError = third.errors.at(-1)!.message;
   assert.ok(longError.includes(longLine.slice(0, 40)) && longError.length < longLine.length, longError);
+  // 引用的预览最多 80 个字符：正好 80 个的坏行原样引用，多一个字符就截在第 80 个并接上“…”。
+  const edge = "y".repeat(80);
+  const previews = splitJsonRpcLines("", `${edge}\n${edge}z\n`).errors.map((error) => error.message);
+  assert.deepEqual(previews, [`MCP stdio line is not JSON: ${edge}`, `MCP stdio line is not JSON: ${edge}…`]);
   assert.equal(third.rest, "");
 
   await withStdioServer(async (start) => {
@@ -1133,6 +1307,23 @@ test("Lab 17.5 · deferred 注册：模型直接调用被拒且服务器收不�
     toModelContent({ content: [{ type: "image", data: "..." }, { type: "note", text: "aside" }] }),
     [text('{"type":"image","data":"..."}'), text('{"type":"note","text":"aside"}')],
   );
+  // text 块的 text 不是字符串（toModelContent 是导出的，可以拿到没校验过的结果）：也整块写成 JSON，交给模型的永远是字符串。
+  assert.deepEqual(toModelContent({ content: [{ type: "text", text: 5 }] }), [text('{"type":"text","text":5}')]);
+  // 适配器交给服务器的选项只有真正给出的那几项：没有 signal、没有 timeoutMs 时是一个空对象，而不是值为 undefined 的键。
+  const seenOptions: unknown[] = [];
+  const probeCaller = {
+    async callTool(_name: string, _args: Record<string, unknown>, callOptions: { signal?: AbortSignal; timeoutMs?: number }) {
+      seenOptions.push(callOptions);
+      return { content: [] };
+    },
+  };
+  const probeInfo = { name: "probe", inputSchema: { type: "object" } };
+  const bareTool = createMcpTool({ server: "p", tool: probeInfo, name: "mcp__p__probe", exposure: "direct", getClient: async () => probeCaller });
+  const timedTool = createMcpTool({ server: "p", tool: probeInfo, name: "mcp__p__probe", exposure: "direct", timeoutMs: 1_234, getClient: async () => probeCaller });
+  const probeSignal = new AbortController().signal;
+  await bareTool.execute({}, { callId: "p1" });
+  await timedTool.execute({}, { callId: "p2", signal: probeSignal });
+  assert.deepEqual(seenOptions, [{}, { signal: probeSignal, timeoutMs: 1_234 }]);
   const notObject = await executeToolCall(modelCall("c7", "mcp__docs__search", "q=mcp"), registry, {}, "script");
   assert.equal(notObject.isError, true);
   assert.match(notObject.content[0]!.text, /object/);
@@ -1269,7 +1460,25 @@ test("Lab 17.5 · Runtime：mcp_servers 段落只在变化时打补丁；只等 
   const stuck = fakeServer("stuck", { silent: true });
   const quick = fakeServer("quick", { exposure: "direct" });
   const other = createMcpRuntime(new ToolRegistry(), { servers: [stuck.config, quick.config], startupTimeoutMs: 60_000 });
-  await other.waitForDirectServers();
+  // 等待的上限计时器在等待结束时就清掉：它虽然 unref、不拖住进程，留着也要 60 秒后才消失。
+  const startupTimers = new Set<number>();
+  const timerHook = createHook({
+    // 只看 60 秒的那一个：同一段时间里，还有 stuck 的 initialize 请求带着自己的 30 秒计时器。
+    init(asyncId, type, _trigger, resource) {
+      if (type === "Timeout" && (resource as { _idleTimeout?: number })._idleTimeout === 60_000) startupTimers.add(asyncId);
+    },
+    destroy(asyncId) {
+      startupTimers.delete(asyncId);
+    },
+  }).enable();
+  try {
+    await other.waitForDirectServers();
+    await settle();
+    await settle();
+  } finally {
+    timerHook.disable();
+  }
+  assert.equal(startupTimers.size, 0, "waitForDirectServers 结束之后，它的上限计时器还在");
   assert.deepEqual(other.status().map((status) => status.state), ["connecting", "connected"]);
   const none = createMcpRuntime(new ToolRegistry(), { servers: [stuck.config] });
   await none.waitForDirectServers();

@@ -210,6 +210,8 @@ test("Lab 18.1 · 目录：物理与虚拟共用一个 id 空间，重复与空�
   assert.throws(() => catalog.registerVirtual(countingRouter("auto", "fast")), /已经是虚拟模型/);
   assert.throws(() => catalog.registerPhysical("", physical([])), /不能为空/);
   assert.throws(() => catalog.registerVirtual(countingRouter("   ", "fast")), /不能为空/);
+  // 不是字符串的 id（从 JSON 配置读来的数字）：同一句话，而不是 trim 的 TypeError。
+  assert.throws(() => catalog.registerPhysical(5 as unknown as string, physical([])), (error: unknown) => error instanceof Error && error.message === "模型 id 不能为空");
 
   // 物理模型交出 { id, model }，model 保持身份；虚拟模型只能按 virtual() 取回路由器本身。
   assert.deepEqual(catalog.physical("fast"), { id: "fast", model: fast });
@@ -323,6 +325,16 @@ test("Lab 18.1 · resolveRoute 只接受指向物理模型的路由：未注册�
   catalog.registerVirtual({ id: "self", route: () => ({ model: "auto" }) });
   await assert.rejects(resolveRoute(catalog, "self", options), /routed to auto, which is another virtual model/);
   await assert.rejects(resolveRoute(catalog, "lost", options), /routed to nope, which is not a physical model/);
+  // 路由器交回的不是带字符串 model 的对象（null、一个恰好挂着 model 的函数、model 是数字）：都是同一句“没有 model id”。
+  const shapes: unknown[] = [null, Object.assign(() => undefined, { model: "fast" }), { model: 5 }];
+  for (const [index, shape] of shapes.entries()) {
+    catalog.registerVirtual({ id: `odd${index}`, route: () => shape as never });
+    await assert.rejects(
+      resolveRoute(catalog, `odd${index}`, options),
+      (error: unknown) => error instanceof Error && error.message === `Virtual model odd${index} returned a route without a model id`,
+      String(index),
+    );
+  }
 });
 
 // ---------------------------------------------------------------------------
@@ -422,8 +434,13 @@ test("Lab 18.2 · 直接调用循环时末尾的失败回复是 retry；钩子�
   assert.equal(last.errorMessage, "router exploded");
 
   // 答复的 model 不是一个模型，或者答复根本不是对象：同样是说明了原因的 error 回复，而不是一个悬空的异常。
-  const answers: unknown[] = [{ model: {} as Model }, "fast"];
-  for (const answer of answers) {
+  // 错误文字说出是哪一种：model 没有 stream()（包括 model 是 null），或者答复不是对象。
+  const answers: [unknown, string][] = [
+    [{ model: {} as Model }, "prepareRequest 返回的 model 没有 stream() 方法"],
+    [{ model: null }, "prepareRequest 返回的 model 没有 stream() 方法"],
+    ["fast", "prepareRequest 必须返回一个对象或 undefined"],
+  ];
+  for (const [answer, reason] of answers) {
     const malformed = await runAgentLoop({
       model: configured,
       tools: new ToolRegistry(),
@@ -436,9 +453,19 @@ test("Lab 18.2 · 直接调用循环时末尾的失败回复是 retry；钩子�
     assert.equal(malformed.reason, "error", JSON.stringify(answer));
     const explained = malformed.messages.at(-1) as AssistantMessage;
     assert.equal(explained.stopReason, "error", JSON.stringify(answer));
-    assert.notEqual(explained.errorMessage ?? "", "", `${JSON.stringify(answer)}：error 回复要说明原因`);
+    assert.equal(explained.errorMessage, reason, `${JSON.stringify(answer)}：error 回复要说明原因`);
   }
   assert.equal(configured.requests.length, 0);
+  // 钩子返回 null（JavaScript 写的钩子可能这样做）：与返回 undefined 一样，请求配置的模型。
+  const fallback = physical([reply("configured", "fine")]);
+  const nulled = await runAgentLoop({
+    model: fallback,
+    tools: new ToolRegistry(),
+    context: { messages: [user("hi")] },
+    prepareRequest: () => null as unknown as PreparedRequest,
+  });
+  assert.equal(nulled.reason, "stop");
+  assert.equal(fallback.requests.length, 1);
 });
 
 test("Lab 18.2 · thinkingLevel 与同一个 signal 到达物理模型，transcript 里没有它们的痕迹", HANG_GUARD, async () => {
@@ -658,6 +685,25 @@ test("Lab 18.3 · Runtime：选择、消息与状态依次落盘，父链连续�
   await reopened.prompt("three");
   assert.deepEqual(fast.requests[2]!.messages.map((message) => textOf(message)), ["two", "reply two", "three"]);
   assert.equal(reopened.control.getState().messages.length, 6);
+  // 钩子把请求里的模型原样交回：request.model 就是 Runtime 已经包好投影的那一个，不再包第二层，
+  // 收到的仍是预算内的同一段对话（包两层的话，里面那层会把已经投影过的消息再投影一次）。
+  const plain = physical([reply("configured", "reply four")]);
+  const copied = new InMemorySessionStore();
+  for (const entry of entries) await copied.append(entry);
+  const sameModel = await createRuntime(
+    { activeLeafId: "e7", context: tightBudget },
+    { ...runtimeDeps(copied, (request) => ({ model: request.model }), 7), model: plain },
+  );
+  assert.equal((await sameModel.prompt("four")).reason, "stop");
+  assert.deepEqual(plain.requests[0]!.messages.map((message) => textOf(message)), ["two", "reply two", "four"]);
+  // 钩子返回 null（JavaScript 写的钩子可能这样做）：和返回 undefined 一样，用配置的模型。
+  const nullModel = physical([reply("configured", "fine")]);
+  const nullHooked = await createRuntime(
+    { activeLeafId: null, context: unitBudget },
+    { ...runtimeDeps(new InMemorySessionStore(), () => null as never), model: nullModel },
+  );
+  assert.equal((await nullHooked.prompt("hi")).reason, "stop");
+  assert.equal(nullModel.requests.length, 1);
   const after = await session.entries();
   const last = after.at(-1)!;
   assert.equal(after.length, 10);
@@ -675,6 +721,7 @@ test("Lab 18.3 · Runtime：选择、消息与状态依次落盘，父链连续�
   // 会话视图：与路径上的 id 撞了的占位 id 前面加 "_"，父链接在 leaf 后面；本轮结束后缓冲清空，branch() 只剩已提交的路径。
   const answers: Array<{ thinkingLevel: "low" } | undefined> = [undefined, { thinkingLevel: "low" }];
   const seen: string[][] = [];
+  const keyErrors: string[] = [];
   let view: RuntimeRequestSession | undefined;
   const hooked = new InMemorySessionStore();
   await hooked.append(metadata("__runtime_pending_0", null, "note", "撞名的 id"));
@@ -682,6 +729,14 @@ test("Lab 18.3 · Runtime：选择、消息与状态依次落盘，父链连续�
   const hookedRuntime = await createRuntime({ activeLeafId: "__runtime_pending_0", context: unitBudget }, {
     ...runtimeDeps(hooked, (_request, session) => {
       view = session;
+      for (const key of ["", "  ", 5]) {
+        try {
+          session.record(key as string, 1);
+          keyErrors.push(`accepted ${JSON.stringify(key)}`);
+        } catch (error) {
+          keyErrors.push((error as Error).message);
+        }
+      }
       session.record("seen", seen.length);
       seen.push(session.branch().map((entry) => `${entry.id}<${entry.parentId}`));
       return answers[seen.length - 1];
@@ -691,6 +746,8 @@ test("Lab 18.3 · Runtime：选择、消息与状态依次落盘，父链连续�
   assert.equal((await hookedRuntime.prompt("plain")).reason, "stop");
   assert.equal((await hookedRuntime.prompt("low")).reason, "stop");
   assert.deepEqual(recording.options().map((options) => options?.thinkingLevel ?? null), [null, "low"]);
+  // record 的 key 必须是非空白的字符串：空串、全是空白、不是字符串，都以同一句话拒绝，什么也不缓冲。
+  assert.deepEqual(keyErrors, Array.from({ length: 6 }, () => "metadata key 不能为空"));
   assert.deepEqual(seen[0], ["__runtime_pending_0<null", "___runtime_pending_0<__runtime_pending_0"]);
   assert.deepEqual(view!.branch().map((entry) => entry.id), (await hooked.entries()).map((entry) => entry.id));
 
@@ -719,6 +776,8 @@ test("Lab 18.3 · Runtime：选择、消息与状态依次落盘，父链连续�
   await assert.rejects(failing, (error) => error === diskError);
   await assert.rejects(queuedMetadata, (error) => error === diskError);
   assert.deepEqual(written, []);
+  // 已经中毒之后，连复制不了的值也以那次写盘的错误拒绝：先看 Runtime 还能不能用，再看值。
+  await assert.rejects(fragile.appendMetadata!("bad", (() => 1) as unknown as JsonValue), (error) => error === diskError);
 });
 
 test("Lab 18.3 · 路由失败只留下 user 与 error 回复；下一次 prompt 以 user 重新路由；同一轮后面的请求看得到前面的 record", HANG_GUARD, async () => {

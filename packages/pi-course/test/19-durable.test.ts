@@ -74,6 +74,8 @@ class ManualModel implements Model {
   readonly requests: AgentContext[] = [];
   /** 每次请求收到的 signal（没有就是 undefined）。 */
   readonly signals: (AbortSignal | undefined)[] = [];
+  /** 每次请求的选项里有哪些键：没有 signal 时是一个空对象，不是值为 undefined 的 signal 键。 */
+  readonly optionKeys: string[][] = [];
   readonly #turns: ManualTurn[];
 
   constructor(turns: ManualTurn[]) {
@@ -83,6 +85,7 @@ class ManualModel implements Model {
   stream(context: AgentContext, options?: ModelStreamOptions): ModelStream {
     this.requests.push(structuredClone(context));
     this.signals.push(options?.signal);
+    this.optionKeys.push(Object.keys(options ?? {}));
     const turn = this.#turns[this.requests.length - 1];
     if (turn === undefined) throw new Error("ManualModel 没有更多回合");
     if (turn.throws !== undefined) throw new Error(turn.throws);
@@ -119,7 +122,7 @@ function callingTurn(...calls: ToolCall[]): ManualTurn {
 interface Counting {
   tool: Tool<{ value: string }>;
   calls: { value: string }[];
-  /** 每次执行收到的 context：callId 与有没有 signal。 */
+  /** 每次执行收到的 context：callId 与有没有 signal 这个键（值为 undefined 的 signal 键也算有）。 */
   contexts: { callId: string; signal: boolean }[];
   /** 第 n 次调用开始时兑现（n 从 1 数）。 */
   started(n: number): Promise<void>;
@@ -147,7 +150,7 @@ function countingTool(hangOn: number[] = [], onExecute?: () => void): Counting {
     schema: objectSchema({ value: stringValue }),
     async execute(parameters, context) {
       calls.push({ ...parameters });
-      contexts.push({ callId: context.callId, signal: context.signal !== undefined });
+      contexts.push({ callId: context.callId, signal: Object.hasOwn(context, "signal") });
       const n = calls.length;
       onExecute?.();
       startOf(n).resolve();
@@ -280,7 +283,21 @@ test("Lab 19.1 · 一个批次要么全写要么全不写；同 id 替换；快�
   assert.equal(store.currentSeq, 2);
   assert.deepEqual(store.get("tasks", "t"), { s: "x" });
   assert.deepEqual(restored.get("entries", "a"), { n: 2 });
-  assert.throws(() => DurableStore.fromSnapshot({ seq: -1, entries: {}, tasks: {} }), StorageRejected);
+  // 快照自己的两张表是普通的可写对象，交出之后调用者可以随意改（改的只是这份副本）。
+  snapshot.entries.a = { n: 3 };
+  assert.deepEqual(snapshot.entries.a, { n: 3 });
+  assert.deepEqual(restored.get("entries", "a"), { n: 2 });
+  const rejectedWith = (message: string) => (error: unknown) => error instanceof StorageRejected && error.message === message;
+  assert.throws(() => DurableStore.fromSnapshot({ seq: -1, entries: {}, tasks: {} }), rejectedWith("快照的 seq 必须是非负整数"));
+  // 根本不是快照（undefined、null）：同样是 StorageRejected，不是读属性时冒出来的 TypeError。
+  assert.throws(() => DurableStore.fromSnapshot(undefined as never), rejectedWith("快照的 seq 必须是非负整数"));
+  assert.throws(() => DurableStore.fromSnapshot(null as never), rejectedWith("快照的 seq 必须是非负整数"));
+  assert.throws(() => DurableStore.fromSnapshot({ seq: 0, entries: [], tasks: {} } as never), rejectedWith("快照的 entries 必须是 JSON 对象"));
+  // 空 id 写不进 store，也不能从快照混进来。
+  assert.throws(() => DurableStore.fromSnapshot({ seq: 0, entries: {}, tasks: { "": 1 } }), rejectedWith("快照的 tasks 里有空 id"));
+  // 批次不是数组：StorageRejected，不是 TypeError；什么都没写。
+  await assert.rejects(store.commit("entries" as never), rejectedWith("写入批次必须是数组"));
+  assert.equal(store.currentSeq, 2);
   const badSnapshots: unknown[] = [
     { seq: "2", entries: {}, tasks: {} },
     { seq: 1.5, entries: {}, tasks: {} },
@@ -434,6 +451,11 @@ test("Lab 19.2 · prompt 是一次提交；run 按生命周期推进、清空检
   const harness = await open(store, model);
   assert.equal(store.currentSeq, 0);
 
+  // 对话 id 不能是空串，也必须是字符串（从 JSON 读来的数字 id 不会被悄悄接受）：prompt 拒绝，什么都不提交。
+  for (const conversationId of ["", 5]) {
+    await assert.rejects(harness.prompt(conversationId as string, "hi"), (error: unknown) => error instanceof Error && error.message === "conversationId 不能为空");
+  }
+  assert.equal(store.currentSeq, 0);
   await harness.prompt("c1", "hi");
   assert.deepEqual(log, ["1:entry:user 1:generation:pending:request"]);
   assert.deepEqual(harness.tasks(), [
@@ -456,6 +478,7 @@ test("Lab 19.2 · prompt 是一次提交；run 按生命周期推进、清空检
   assert.equal(Object.hasOwn(harness.messages("c1")[1]!, "errorMessage"), false);
   // 没有 signal 的 run 不给模型 signal。
   assert.deepEqual(model.signals, [undefined]);
+  assert.deepEqual(model.optionKeys, [[]]);
   assert.deepEqual(model.requests.map((request) => request.messages.length), [1]);
   assert.deepEqual(harness.entries("c2"), []);
 
@@ -576,7 +599,7 @@ test("Lab 19.3 · safe 工具在执行中崩溃：重新打开后用记下的参
   const running = first.run({ signal: controller.signal });
   await echo.started(1);
   // 同一时间只允许一个 run。
-  await assert.rejects(first.run());
+  await assert.rejects(first.run(), (error: unknown) => error instanceof Error && error.message === "这个 DurableHarness 已经有一个 run 在进行");
   controller.abort();
   await running;
   assert.deepEqual(echo.contexts, [{ callId: "call-1", signal: true }]);
@@ -610,6 +633,25 @@ test("Lab 19.3 · safe 工具在执行中崩溃：重新打开后用记下的参
   const renamed = noCall.entries[stuck.input.assistantEntryId] as unknown as EntryRecord;
   ((renamed.entry.message as AssistantMessage).content[1] as ToolCall).id = "call-2";
   await assert.rejects((await open(DurableStore.fromSnapshot(noCall), model, registrations, ids("y"))).run(), /没有 tool call call-1/);
+  // 同样不算：指向的 entry 不是 assistant（即使里面有这个调用），或者带着这个 id 的只是一个 text 块；
+  // 任务的 kind 既不是 generation 也不是 tool（按 tool 分派，toolTaskIn 拒绝它，不去读它没有的 input）。
+  const noCallMessage = `entry ${stuck.input.assistantEntryId} 没有 tool call call-1`;
+  const notAssistant = store.snapshot();
+  (notAssistant.entries[stuck.input.assistantEntryId] as unknown as { entry: { type: string } }).entry.type = "user";
+  const textWithId = store.snapshot();
+  const disguised = ((textWithId.entries[stuck.input.assistantEntryId] as unknown as EntryRecord).entry.message as AssistantMessage).content;
+  (disguised[1] as ToolCall).id = "call-2";
+  (disguised[0] as unknown as { id: string }).id = "call-1";
+  const oddKind = store.snapshot();
+  (oddKind.tasks[stuck.id] as unknown as { kind: string }).kind = "mystery";
+  for (const [broken, message] of [
+    [notAssistant, noCallMessage],
+    [textWithId, noCallMessage],
+    [oddKind, `任务 ${stuck.id} 不是 tool`],
+  ] as const) {
+    const reopened = await open(DurableStore.fromSnapshot(broken), model, registrations, ids("z"));
+    await assert.rejects(reopened.run(), (error: unknown) => error instanceof Error && error.message === message, message);
+  }
   assert.equal(echo.calls.length, 2);
 });
 
@@ -747,6 +789,7 @@ test("Lab 19.3 · 三种不安全的组合都不重跑：记下 interrupted，�
   assert.deepEqual(results[3]?.content, [text("Tool raw failed: raw exploded")]);
   assert.deepEqual(results[5]?.content, [text("raw ok")]);
   assert.match(results[4]!.content[0]!.text, /JSON/);
+  assert.deepEqual(results[2]?.content, [text("Tool raw failed: 解析后的参数不能写成 JSON")]);
   assert.deepEqual(toolTasks(harness).map((task) => [task.status, task.checkpoint.phase]), [
     ["completed", "call"],
     ["completed", "call"],
