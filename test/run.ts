@@ -10,6 +10,8 @@
 // nobody while tests run (npm test builds it first; an up-to-date incremental build writes nothing).
 //
 //   node --import tsx test/run.ts [--concurrency N] [file …]     (npm test passes nothing)
+// With PI_COURSE_TEST_TIMES naming a folder, every file's process records its wall and CPU time there
+// (file-times.ts) and this runner writes them, slowest first, to times.md in that folder as it exits.
 // (Not a test file itself: only *.test.ts are test files. It lives here, not in scripts/, so practice folders never get it.)
 import path from "node:path";
 import { run } from "node:test";
@@ -17,6 +19,7 @@ import { spec, tap } from "node:test/reporters";
 import fs from "node:fs";
 import { pathToFileURL } from "node:url";
 import { REPO as ROOT } from "./harness-helpers.js";
+import { type FileTime, TEST_TIMES_ENV } from "./file-times.js";
 
 /**
  * The files that take longest, longest first (wall time of each file run alone on the course's 2-core machine).
@@ -61,6 +64,25 @@ export function ordered(files: string[]): string[] {
   return files.map((file, index) => ({ file, index })).sort((a, b) => rank(a.file) - rank(b.file) || a.index - b.index).map((x) => x.file);
 }
 
+/** The records file-times.ts left in `dir`, as a Markdown table: one row per file, slowest first, and this runner's own. */
+export function timesTable(dir: string): string {
+  const records: FileTime[] = fs.readdirSync(dir).filter((name) => /^\d+\.json$/.test(name))
+    .map((name) => JSON.parse(fs.readFileSync(path.join(dir, name), "utf8")) as FileTime);
+  const name = (file: string): string => (path.isAbsolute(file) ? path.relative(ROOT, file) : file);
+  // The runner, and the processes it started (one per file); a process a test file started is counted in its parent.
+  const runner = records.filter((r) => r.pid === process.pid);
+  const files = records.filter((r) => r.ppid === process.pid).sort((a, b) => b.wallMs - a.wallMs);
+  const s = (ms: number): string => (ms / 1000).toFixed(1);
+  return [
+    "| 测试文件 | 墙钟 s | CPU s（含子进程） |",
+    "| --- | ---: | ---: |",
+    ...files.map((r) => `| ${name(r.file)} | ${s(r.wallMs)} | ${s(r.cpuMs)} |`),
+    `| 合计（${files.length} 个文件） | ${s(files.reduce((sum, r) => sum + r.wallMs, 0))} | ${s(files.reduce((sum, r) => sum + r.cpuMs, 0))} |`,
+    ...runner.map((r) => `| test/run.ts（整个运行，墙钟与全部 CPU） | ${s(r.wallMs)} | ${s(r.cpuMs)} |`),
+    "",
+  ].join("\n");
+}
+
 /** Runs `files` (repository-relative or absolute) `concurrency` at a time under node's runner; sets the exit code. */
 export function runAll(files: string[], concurrency: number): void {
   const stream = run({ files: files.map((file) => path.resolve(ROOT, file)), concurrency });
@@ -82,5 +104,8 @@ if (process.argv[1] !== undefined && pathToFileURL(path.resolve(process.argv[1])
     }
     args.splice(at, 2);
   }
+  const times = process.env[TEST_TIMES_ENV];
+  // After file-times.ts's own exit listener (imported first), so the runner's record is there too.
+  if (times !== undefined && times !== "") process.on("exit", () => { fs.writeFileSync(path.join(times, "times.md"), timesTable(times)); });
   runAll(ordered(args.length > 0 ? args : testFiles()), concurrency);
 }
