@@ -2,12 +2,17 @@
 import test from "node:test";
 import assert from "node:assert/strict";
 import fs from "node:fs";
-import { LONG_FIRST, ordered, testFiles } from "./run.js";
-import { REPO, at } from "./harness-helpers.js";
+import os from "node:os";
+import path from "node:path";
+import { spawn } from "node:child_process";
+import { pathToFileURL } from "node:url";
+import { LONG_FIRST, ordered, startsEarly, testFiles } from "./run.js";
+import { REPO, at, collect, learnerEnv } from "./harness-helpers.js";
+import { TestReuse, inputKey } from "../scripts/model/test-reuse.js";
 import { loadCheckpoints } from "../scripts/model/manifest.js";
 import { SLOWEST_FIRST, startOrder } from "../scripts/model/verify.js";
 
-test("npm test 的运行器：每个根测试文件与每个编译后的章节测试恰好一次；耗时长的按列表先开始，其余按文件名", () => {
+test("npm test 的运行器：每个根测试文件与每个编译后的章节测试恰好一次；verify 测试最先，接着是它能沿用的章节测试，再是耗时长的，其余按文件名", () => {
   const files = testFiles();
   const roots = fs.readdirSync(at(REPO, "test")).filter((name) => name.endsWith(".test.ts")).map((name) => `test/${name}`);
   const chapters = fs.readdirSync(at(REPO, "packages/pi-course/test")).filter((name) => name.endsWith(".test.ts"))
@@ -17,9 +22,16 @@ test("npm test 的运行器：每个根测试文件与每个编译后的章节�
   for (const file of LONG_FIRST) assert.ok(files.includes(file), `LONG_FIRST 里的 ${file} 不是测试文件`);
   const order = ordered(files);
   assert.deepEqual([...order].sort(), [...files].sort());
-  assert.deepEqual(order.slice(0, LONG_FIRST.length), LONG_FIRST);
-  const rest = order.slice(LONG_FIRST.length);
-  assert.deepEqual(rest, files.filter((file) => !LONG_FIRST.includes(file)), "其余的保持文件名顺序");
+  // The verify test first; then the chapter files whose passes checkpoint 24's verify can take, in name order.
+  const early = files.filter((file) => startsEarly(file));
+  assert.deepEqual(early, chapters.filter((file) => !LONG_FIRST.includes(file)).sort());
+  assert.ok(early.length >= 20 && early.every((file) => file.startsWith("packages/pi-course/dist/test/")), early.join("\n"));
+  assert.ok(!early.includes("packages/pi-course/dist/test/24-your-pi.test.js"), "第 24 章的测试读工作目录，verify 沿用不了，不必提前");
+  assert.deepEqual(order.slice(0, 1 + early.length), [LONG_FIRST[0], ...early]);
+  assert.equal(LONG_FIRST[0], "test/verify.test.ts");
+  assert.deepEqual(order.slice(1 + early.length, LONG_FIRST.length + early.length), LONG_FIRST.slice(1));
+  const rest = order.slice(LONG_FIRST.length + early.length);
+  assert.deepEqual(rest, files.filter((file) => !LONG_FIRST.includes(file) && !early.includes(file)), "其余的保持文件名顺序");
 });
 
 test("verify 的开始顺序：最慢的 checkpoint（SLOWEST_FIRST，第 24 章）先开始，其余按章节顺序；每个 checkpoint 恰好一次", () => {
@@ -34,4 +46,46 @@ test("verify 的开始顺序：最慢的 checkpoint（SLOWEST_FIRST，第 24 章
   // Only the ids count, not where the list starts: a selection without 24 keeps its own order.
   assert.deepEqual(startOrder([{ id: "03" }, { id: "01" }]), [0, 1]);
   assert.deepEqual(startOrder([{ id: "01" }, { id: "24" }, { id: "03" }]), [1, 0, 2]);
+});
+
+test("npm test 的运行器把跑通过的章节测试按输入键写进共享目录（verify 再遇到同样的输入就沿用）；红的、根目录的测试不写", async (t) => {
+  const root = await fs.promises.mkdtemp(path.join(os.tmpdir(), "pi-course-run-shared-"));
+  const shared = await fs.promises.mkdtemp(path.join(os.tmpdir(), "pi-course-run-shared-out-"));
+  const copy = await fs.promises.mkdtemp(path.join(os.tmpdir(), "pi-course-run-shared-copy-"));
+  t.after(() => Promise.all([root, shared, copy].map((dir) => fs.promises.rm(dir, { recursive: true, force: true }))));
+  const green = "packages/pi-course/dist/test/01-a.test.js";
+  const red = "packages/pi-course/dist/test/02-b.test.js";
+  const rootTest = "test/c.test.js";
+  const files: Record<string, string> = {
+    [green]: 'import test from "node:test";\ntest("甲", () => {});\ntest("乙", async (t) => { await t.test("乙里面", () => {}); });\n',
+    [red]: 'import test from "node:test";\ntest("丙", () => {});\ntest("丁", () => { throw new Error("红"); });\n',
+    [rootTest]: 'import test from "node:test";\ntest("戊", () => {});\n',
+  };
+  for (const dir of [root, copy]) {
+    for (const [file, text] of Object.entries(files)) {
+      await fs.promises.mkdir(path.dirname(path.join(dir, file)), { recursive: true });
+      await fs.promises.writeFile(path.join(dir, file), text);
+    }
+  }
+  // A script file, not -e: node's runner starts each test file with the runner's own flags, -e and its code included.
+  const driver = path.join(root, "drive.mjs");
+  await fs.promises.writeFile(driver, [
+    `const { runAll } = await import(${JSON.stringify(pathToFileURL(at(REPO, "test/run.ts")).href)});`,
+    `runAll(${JSON.stringify([green, red, rootTest])}, 2, ${JSON.stringify(shared)}, ${JSON.stringify(root)});`,
+    "",
+  ].join("\n"));
+  const result = await collect(spawn(process.execPath, ["--import", "tsx", driver], { cwd: REPO, env: learnerEnv(), stdio: ["ignore", "pipe", "pipe"] }));
+  assert.equal(result.code, 1, "有一份测试是红的，运行失败");
+  assert.match(result.stdout, /# pass 5\n# fail 1\n/, "node 的汇总照常在最后");
+  const key = inputKey(copy, green, {});
+  assert.deepEqual(fs.readdirSync(shared), [`${key}.json`], "只有通过的章节测试写进去");
+  assert.deepEqual(JSON.parse(fs.readFileSync(path.join(shared, `${key}.json`), "utf8")), [
+    { name: "甲", file: green, passed: true, error: "" },
+    { name: "乙", file: green, passed: true, error: "" },
+  ], "与 verify 的测试进程报告的一样：每个顶层测试一项");
+  const reuse = new TestReuse(true, { shared });
+  const taken = await reuse.runTests(copy, [green, red]);
+  assert.equal(taken.reused, 1);
+  assert.deepEqual(taken.outcomes.map((o) => [o.name, o.passed]), [["甲", true], ["乙", true], ["丙", true], ["丁", false]]);
+  assert.deepEqual([reuse.sharedFiles, reuse.ranFiles], [1, 1]);
 });

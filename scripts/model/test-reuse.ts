@@ -134,6 +134,23 @@ function keyed(root: string, testFile: string, options: TestProcessOptions, hash
   return { key: hash.digest("hex"), shareable };
 }
 
+/**
+ * For a process that runs compiled test files by other means (test/run.ts runs every chapter's tests on the final
+ * tree under node's own runner): the key under which a pass of `testFile` of `root` may be shared, or undefined
+ * when it may not (see keyed()). Compute it before the file runs, as TestReuse does.
+ */
+export function sharedKey(root: string, testFile: string): string | undefined {
+  const { key, shareable } = keyed(root, testFile, {}, new Map());
+  return shareable ? key : undefined;
+}
+
+/** Records `outcomes` (one per top-level test, every one passed) of a file under `key` in `dir`; a red file is not recorded. */
+export function recordSharedPass(dir: string, key: string, outcomes: TestOutcome[]): boolean {
+  if (outcomes.length === 0 || !outcomes.every((o) => o.passed)) return false;
+  writeShared(dir, key, outcomes);
+  return true;
+}
+
 /** A pass another process recorded under `key` in `dir`, or undefined (none, or not a whole record of a pass). */
 function readShared(dir: string, key: string, file: string): TestOutcome[] | undefined {
   let parsed: unknown;
