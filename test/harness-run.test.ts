@@ -53,12 +53,35 @@ test("npm test 的运行器把跑通过的章节测试按输入键写进共享�
   const shared = await fs.promises.mkdtemp(path.join(os.tmpdir(), "pi-course-run-shared-out-"));
   const copy = await fs.promises.mkdtemp(path.join(os.tmpdir(), "pi-course-run-shared-copy-"));
   t.after(() => Promise.all([root, shared, copy].map((dir) => fs.promises.rm(dir, { recursive: true, force: true }))));
-  const green = "packages/pi-course/dist/test/01-a.test.js";
+  // 01-a waits (on a file event, not a clock) until 03-c has finished: 03-c's process ends first, while 01-a is
+  // still running and ahead of it in node's report order. Both records must still be whole.
+  const waiter = "packages/pi-course/dist/test/01-a.test.js";
   const red = "packages/pi-course/dist/test/02-b.test.js";
+  const late = "packages/pi-course/dist/test/03-c.test.js";
   const rootTest = "test/c.test.js";
+  const lateNames = ["己", "庚", "辛", "壬", "癸"];
   const files: Record<string, string> = {
-    [green]: 'import test from "node:test";\ntest("甲", () => {});\ntest("乙", async (t) => { await t.test("乙里面", () => {}); });\n',
+    [waiter]: [
+      'import test from "node:test";',
+      'import fs from "node:fs";',
+      'const done = new URL("../../../../late-done", import.meta.url);',
+      'test("甲：等 03-c 跑完", async () => {',
+      '  await new Promise((resolve) => {',
+      '    const watcher = fs.watch(new URL(".", done), () => { if (fs.existsSync(done)) { watcher.close(); resolve(); } });',
+      '    if (fs.existsSync(done)) { watcher.close(); resolve(); }',
+      '  });',
+      '});',
+      'test("乙", async (t) => { await t.test("乙里面", () => {}); });',
+      "",
+    ].join("\n"),
     [red]: 'import test from "node:test";\ntest("丙", () => {});\ntest("丁", () => { throw new Error("红"); });\n',
+    [late]: [
+      'import test from "node:test";',
+      'import fs from "node:fs";',
+      ...lateNames.map((name) => `test(${JSON.stringify(name)}, () => {});`),
+      'test.after(() => { fs.writeFileSync(new URL("../../../../late-done", import.meta.url), ""); });',
+      "",
+    ].join("\n"),
     [rootTest]: 'import test from "node:test";\ntest("戊", () => {});\n',
   };
   for (const dir of [root, copy]) {
@@ -71,21 +94,22 @@ test("npm test 的运行器把跑通过的章节测试按输入键写进共享�
   const driver = path.join(root, "drive.mjs");
   await fs.promises.writeFile(driver, [
     `const { runAll } = await import(${JSON.stringify(pathToFileURL(at(REPO, "test/run.ts")).href)});`,
-    `runAll(${JSON.stringify([green, red, rootTest])}, 2, ${JSON.stringify(shared)}, ${JSON.stringify(root)});`,
+    `runAll(${JSON.stringify([waiter, red, late, rootTest])}, 2, ${JSON.stringify(shared)}, ${JSON.stringify(root)});`,
     "",
   ].join("\n"));
   const result = await collect(spawn(process.execPath, ["--import", "tsx", driver], { cwd: REPO, env: learnerEnv(), stdio: ["ignore", "pipe", "pipe"] }));
   assert.equal(result.code, 1, "有一份测试是红的，运行失败");
-  assert.match(result.stdout, /# pass 5\n# fail 1\n/, "node 的汇总照常在最后");
-  const key = inputKey(copy, green, {});
-  assert.deepEqual(fs.readdirSync(shared), [`${key}.json`], "只有通过的章节测试写进去");
-  assert.deepEqual(JSON.parse(fs.readFileSync(path.join(shared, `${key}.json`), "utf8")), [
-    { name: "甲", file: green, passed: true, error: "" },
-    { name: "乙", file: green, passed: true, error: "" },
+  assert.match(result.stdout, /# pass 10\n# fail 1\n/, "node 的汇总照常在最后");
+  const record = (file: string): unknown => JSON.parse(fs.readFileSync(path.join(shared, `${inputKey(copy, file, {})}.json`), "utf8"));
+  assert.deepEqual(fs.readdirSync(shared).sort(), [waiter, late].map((file) => `${inputKey(copy, file, {})}.json`).sort(), "只有通过的章节测试写进去");
+  assert.deepEqual(record(waiter), [
+    { name: "甲：等 03-c 跑完", file: waiter, passed: true, error: "" },
+    { name: "乙", file: waiter, passed: true, error: "" },
   ], "与 verify 的测试进程报告的一样：每个顶层测试一项");
+  assert.deepEqual(record(late), lateNames.map((name) => ({ name, file: late, passed: true, error: "" })), "先结束、结果被 node 压后的文件，记录也是完整的");
   const reuse = new TestReuse(true, { shared });
-  const taken = await reuse.runTests(copy, [green, red]);
-  assert.equal(taken.reused, 1);
-  assert.deepEqual(taken.outcomes.map((o) => [o.name, o.passed]), [["甲", true], ["乙", true], ["丙", true], ["丁", false]]);
-  assert.deepEqual([reuse.sharedFiles, reuse.ranFiles], [1, 1]);
+  const taken = await reuse.runTests(copy, [waiter, red, late]);
+  assert.equal(taken.reused, 2);
+  assert.deepEqual(taken.outcomes.map((o) => [o.name, o.passed]), [["甲：等 03-c 跑完", true], ["乙", true], ["丙", true], ["丁", false], ...lateNames.map((name) => [name, true])]);
+  assert.deepEqual([reuse.sharedFiles, reuse.ranFiles], [2, 1]);
 });

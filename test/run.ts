@@ -124,21 +124,43 @@ export function runAll(files: string[], concurrency: number, shared?: string, ro
   const stream = run({ files: files.map((file) => path.resolve(root, file)), concurrency });
   // As `node --test` does: any failure (a test, a hook, a file that cannot load) makes the run fail.
   stream.on("test:fail", () => { process.exitCode = 1; });
-  // What verify's test process reports for a file (test-process.ts): one outcome per finished top-level test. A
-  // file is recorded when node says the file itself passed (its process exited 0) and none of its tests failed.
+  // What verify's test process reports for a file (test-process.ts): one outcome per finished top-level test. node's
+  // runner tells at once when a file's process has ended (test:complete for the file itself, with passed = exit
+  // code 0), but it replays each file's own events in the order the files were given, one file after another: a
+  // file's list is whole only when a file after it has begun to report, or the stream has ended. Then it is recorded
+  // if its process passed and none of its tests failed.
+  const order = files.map((file) => path.resolve(root, file));
   const passes = new Map<string, TestOutcome[]>();
   const failed = new Set<string>();
-  stream.on("test:fail", (data) => { if (data.file !== undefined) failed.add(data.file); });
+  const passedFiles = new Set<string>();
+  let whole = 0;
+  const flush = (upTo: number): void => {
+    for (; whole < upTo; whole += 1) {
+      const file = order[whole]!;
+      const known = keys.get(file);
+      if (known && passedFiles.has(file) && !failed.has(file)) recordSharedPass(shared!, known.key, passes.get(file) ?? []);
+    }
+  };
+  const reported = (file: string | undefined): void => {
+    const at = file === undefined ? -1 : order.indexOf(file);
+    if (at > whole) flush(at);
+  };
+  stream.on("test:fail", (data) => {
+    if (data.file === undefined) return;
+    failed.add(data.file);
+    if (data.name !== data.file) reported(data.file);
+  });
   stream.on("test:pass", (data) => {
-    const known = data.file === undefined ? undefined : keys.get(data.file);
-    if (!known || data.nesting !== 0 || data.name === data.file || data.skip !== undefined || data.todo !== undefined) return;
-    passes.set(data.file!, [...(passes.get(data.file!) ?? []), { name: data.name, file: known.file, passed: true, error: "" }]);
+    if (data.file === undefined || data.name === data.file) return;
+    reported(data.file);
+    const known = keys.get(data.file);
+    if (!known || data.nesting !== 0 || data.skip !== undefined || data.todo !== undefined) return;
+    passes.set(data.file, [...(passes.get(data.file) ?? []), { name: data.name, file: known.file, passed: true, error: "" }]);
   });
   stream.on("test:complete", (data) => {
-    const known = data.file === undefined ? undefined : keys.get(data.file);
-    if (!known || data.nesting !== 0 || data.name !== data.file) return;
-    if (data.details.passed && !failed.has(data.file!)) recordSharedPass(shared!, known.key, passes.get(data.file!) ?? []);
+    if (data.file !== undefined && data.nesting === 0 && data.name === data.file && data.details.passed) passedFiles.add(data.file);
   });
+  stream.on("end", () => { flush(order.length); });
   // node --test's own choice of reporter: spec on a terminal, TAP otherwise.
   stream.compose(process.stdout.isTTY ? new spec() : tap).pipe(process.stdout);
 }
