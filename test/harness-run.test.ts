@@ -53,19 +53,21 @@ test("npm test 的运行器把跑通过的章节测试按输入键写进共享�
   const shared = await fs.promises.mkdtemp(path.join(os.tmpdir(), "pi-course-run-shared-out-"));
   const copy = await fs.promises.mkdtemp(path.join(os.tmpdir(), "pi-course-run-shared-copy-"));
   t.after(() => Promise.all([root, shared, copy].map((dir) => fs.promises.rm(dir, { recursive: true, force: true }))));
-  // 01-a waits (on a file event, not a clock) until 03-c has finished: 03-c's process ends first, while 01-a is
-  // still running and ahead of it in node's report order. Both records must still be whole.
+  // Two at a time: 01-a waits (on a file event, not a clock) until 04-d has started, which is once 02-b and 03-c have
+  // ended. So 03-c's process ends while 01-a, ahead of it in node's report order, still runs, and node replays 03-c's
+  // results only after 01-a's. Every record must still be whole.
   const waiter = "packages/pi-course/dist/test/01-a.test.js";
   const red = "packages/pi-course/dist/test/02-b.test.js";
   const late = "packages/pi-course/dist/test/03-c.test.js";
+  const last = "packages/pi-course/dist/test/04-d.test.js";
   const rootTest = "test/c.test.js";
   const lateNames = ["己", "庚", "辛", "壬", "癸"];
   const files: Record<string, string> = {
     [waiter]: [
       'import test from "node:test";',
       'import fs from "node:fs";',
-      'const done = new URL("../../../../late-done", import.meta.url);',
-      'test("甲：等 03-c 跑完", async () => {',
+      'const done = new URL("../../../../last-started", import.meta.url);',
+      'test("甲：等 04-d 开始", async () => {',
       '  await new Promise((resolve) => {',
       '    const watcher = fs.watch(new URL(".", done), () => { if (fs.existsSync(done)) { watcher.close(); resolve(); } });',
       '    if (fs.existsSync(done)) { watcher.close(); resolve(); }',
@@ -79,7 +81,13 @@ test("npm test 的运行器把跑通过的章节测试按输入键写进共享�
       'import test from "node:test";',
       'import fs from "node:fs";',
       ...lateNames.map((name) => `test(${JSON.stringify(name)}, () => {});`),
-      'test.after(() => { fs.writeFileSync(new URL("../../../../late-done", import.meta.url), ""); });',
+      "",
+    ].join("\n"),
+    [last]: [
+      'import test from "node:test";',
+      'import fs from "node:fs";',
+      'fs.writeFileSync(new URL("../../../../last-started", import.meta.url), "");',
+      'test("子", () => {});',
       "",
     ].join("\n"),
     [rootTest]: 'import test from "node:test";\ntest("戊", () => {});\n',
@@ -94,22 +102,23 @@ test("npm test 的运行器把跑通过的章节测试按输入键写进共享�
   const driver = path.join(root, "drive.mjs");
   await fs.promises.writeFile(driver, [
     `const { runAll } = await import(${JSON.stringify(pathToFileURL(at(REPO, "test/run.ts")).href)});`,
-    `runAll(${JSON.stringify([waiter, red, late, rootTest])}, 2, ${JSON.stringify(shared)}, ${JSON.stringify(root)});`,
+    `runAll(${JSON.stringify([waiter, red, late, last, rootTest])}, 2, ${JSON.stringify(shared)}, ${JSON.stringify(root)});`,
     "",
   ].join("\n"));
   const result = await collect(spawn(process.execPath, ["--import", "tsx", driver], { cwd: REPO, env: learnerEnv(), stdio: ["ignore", "pipe", "pipe"] }));
   assert.equal(result.code, 1, "有一份测试是红的，运行失败");
-  assert.match(result.stdout, /# pass 10\n# fail 1\n/, "node 的汇总照常在最后");
+  assert.match(result.stdout, /# pass 11\n# fail 1\n/, "node 的汇总照常在最后");
   const record = (file: string): unknown => JSON.parse(fs.readFileSync(path.join(shared, `${inputKey(copy, file, {})}.json`), "utf8"));
-  assert.deepEqual(fs.readdirSync(shared).sort(), [waiter, late].map((file) => `${inputKey(copy, file, {})}.json`).sort(), "只有通过的章节测试写进去");
+  assert.deepEqual(fs.readdirSync(shared).sort(), [waiter, late, last].map((file) => `${inputKey(copy, file, {})}.json`).sort(), "只有通过的章节测试写进去");
   assert.deepEqual(record(waiter), [
-    { name: "甲：等 03-c 跑完", file: waiter, passed: true, error: "" },
+    { name: "甲：等 04-d 开始", file: waiter, passed: true, error: "" },
     { name: "乙", file: waiter, passed: true, error: "" },
   ], "与 verify 的测试进程报告的一样：每个顶层测试一项");
   assert.deepEqual(record(late), lateNames.map((name) => ({ name, file: late, passed: true, error: "" })), "先结束、结果被 node 压后的文件，记录也是完整的");
+  assert.deepEqual(record(last), [{ name: "子", file: last, passed: true, error: "" }]);
   const reuse = new TestReuse(true, { shared });
   const taken = await reuse.runTests(copy, [waiter, red, late]);
   assert.equal(taken.reused, 2);
-  assert.deepEqual(taken.outcomes.map((o) => [o.name, o.passed]), [["甲：等 03-c 跑完", true], ["乙", true], ["丙", true], ["丁", false], ...lateNames.map((name) => [name, true])]);
+  assert.deepEqual(taken.outcomes.map((o) => [o.name, o.passed]), [["甲：等 04-d 开始", true], ["乙", true], ["丙", true], ["丁", false], ...lateNames.map((name) => [name, true])]);
   assert.deepEqual([reuse.sharedFiles, reuse.ranFiles], [2, 1]);
 });
