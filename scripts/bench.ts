@@ -3,7 +3,8 @@
 // `lab N.1` → verdict), the warm loop (`lab N.1 --watch` running; save a teaching file → the verdict line),
 // creating a practice folder (without npm install), `npm run verify` over all checkpoints, and chapter 23's load test
 // (500 tasks through the scheduler; the test prints its own wall time, which is the figure compared with the target);
-// with --npm-test also the whole `npm test` (build, type check, every test file; about five minutes), as one wall time.
+// with --npm-test also the whole `npm test` (build, type check, every test file; about five minutes), as one wall time,
+// with the CPU time of its test files and a table of the slowest of them (PI_COURSE_TEST_TIMES, test/file-times.ts).
 // Commands are timed through npm as the learner types them and as `node scripts/launch.js …` (npm's own start-up
 // apart). Prints the medians against the targets and a breakdown of where the lab loop's time goes. Not a test.
 // First of all it runs scripts/bench-stream.ts (chapter 05's streaming assembly, 1/2/4 MB of deltas, time per MB);
@@ -299,14 +300,24 @@ await main(async (args) => {
     // ⑥ The whole npm test once (only with --npm-test): node's summary gives the number of tests and any failure.
     let npmTestSeconds = Number.NaN;
     let npmTestNote = "未测（加 --npm-test）";
+    let npmTestFiles: string[] = [];
     if (withNpmTest) {
       console.log("⑥ npm test（构建、类型检查、全部测试文件，约五分钟）…");
       const loadBefore = os.loadavg()[0]!;
-      const result = await timed(npm, ["test"], ROOT);
+      // Each test file's wall and CPU time (test/file-times.ts): the slowest are printed below the results.
+      const times = await makeTempDir("bench-times");
+      const forget = removeOnExit(times);
+      const result = await timed(npm, ["test"], ROOT, { PI_COURSE_TEST_TIMES: times });
       npmTestSeconds = result.seconds;
       const count = (name: string): string | undefined => new RegExp(`^(?:#|ℹ) ${name} (\\d+)$`, "m").exec(result.stdout)?.[1];
-      npmTestNote = `${seconds(result.seconds)}（${count("tests") ?? "?"} 个测试，失败 ${count("fail") ?? "?"}；开始时负载 ${loadBefore.toFixed(1)}）` +
-        (result.code === 0 ? "" : `（退出码 ${result.code}）`);
+      const perFile = fs.existsSync(path.join(times, "times.md")) ? fs.readFileSync(path.join(times, "times.md"), "utf8").trim().split("\n") : [];
+      // The runner's own row: CPU of every test file's process and their children (the build and type check apart).
+      const cpu = /^\| test\/run\.ts[^|]*\| [\d.]+ \| ([\d.]+) \|$/m.exec(perFile.join("\n"))?.[1];
+      npmTestNote = `${seconds(result.seconds)}（${count("tests") ?? "?"} 个测试，失败 ${count("fail") ?? "?"}；开始时负载 ${loadBefore.toFixed(1)}` +
+        `${cpu === undefined ? "" : `；测试 CPU ${cpu} s`}）` + (result.code === 0 ? "" : `（退出码 ${result.code}）`);
+      npmTestFiles = [...perFile.slice(0, 2 + 12), ...perFile.slice(-2)];
+      await fs.remove(times);
+      forget();
     }
 
     const verifyTarget = (TARGETS.verify * checkpoints.length) / VERIFY_TARGET_CHAPTERS;
@@ -330,6 +341,7 @@ await main(async (args) => {
     ];
     console.log(`\n结果（lab 循环 ${runs} 次、lab --watch ${saves} 次保存、创建练习目录 ${practiceRuns} 次的中位数，墙钟时间）：\n`);
     console.log(table(rows));
+    if (npmTestFiles.length > 0) console.log(`\nnpm test 里最慢的测试文件（各自的进程，CPU 含子进程）：\n\n${npmTestFiles.join("\n")}`);
 
     const m = (key: string): number => median(probes[key]!);
     const labWall = median(labTimes.node);

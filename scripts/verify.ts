@@ -1,13 +1,14 @@
 // npm run verify [-- NN ...] [--fresh] — proves every checkpoint: target green with the manifest's counts, practice
 // red for the chapter's own starter reasons, faults caught, pins current, no solution in practice, COURSE.md in sync.
 // A test file whose inputs did not change since it passed earlier in the same run is not run again (test-reuse.ts);
-// --fresh runs every test file of every tree.
+// inside `npm test` (PI_COURSE_SHARED_OUTCOMES set) also one that another process of the same npm test passed with
+// the same inputs. --fresh runs every test file of every tree.
 import { CourseError, main, rejectUnknownOptions, takeFlag } from "./model/cli.js";
 import { loadCheckpoints, parseChapterArg } from "./model/manifest.js";
 import { ensureHistory } from "./model/history.js";
 import { verifyAll, verifyCourseTable } from "./model/verify.js";
 import { withTempDir } from "./model/trees.js";
-import { TestReuse } from "./model/test-reuse.js";
+import { SHARED_OUTCOMES_ENV, TestReuse } from "./model/test-reuse.js";
 import { guideLinkProblems } from "./model/guide-links.js";
 import { ROOT } from "./model/paths.js";
 
@@ -25,7 +26,7 @@ await main(async (args) => {
   const started = Date.now();
   const info = await ensureHistory(checkpoints, { log: console.log });
   let failures = 0;
-  const reuse = new TestReuse(!fresh);
+  const reuse = new TestReuse(!fresh, { shared: process.env[SHARED_OUTCOMES_ENV] });
   await withTempDir("verify", async (work) => {
     const verdicts = verifyAll(selected, info, work, reuse);
     for (const [index, c] of selected.entries()) {
@@ -45,7 +46,8 @@ await main(async (args) => {
     failures += 1;
   }
   const seconds = ((Date.now() - started) / 1000).toFixed(1);
-  if (reuse.enabled) console.log(`测试文件：运行 ${reuse.ranFiles} 次，沿用 ${reuse.reusedFiles} 次（输入未变；--fresh 全部重跑）`);
+  const elsewhere = reuse.shared === undefined ? "" : `，其中 ${reuse.sharedFiles} 次来自同一次 npm test 的其他进程`;
+  if (reuse.enabled) console.log(`测试文件：运行 ${reuse.ranFiles} 次，沿用 ${reuse.reusedFiles} 次（输入未变${elsewhere}；--fresh 全部重跑）`);
   console.log(failures === 0 ? `verify 通过：${selected.length} 个 checkpoint（${seconds} s）` : `verify 失败：${failures} 处问题（${seconds} s）`);
   return failures === 0 ? 0 : 1;
 });

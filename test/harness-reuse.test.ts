@@ -1,11 +1,15 @@
 // verify's reuse of passing test runs (test-reuse.ts): which files are a compiled test's inputs, that a change to
-// any of them runs the test again, and that a red file is never taken from memory.
+// any of them runs the test again, that a red file is never taken from memory, and that the processes of one
+// npm test share their passes through one folder (and nothing else).
 import test from "node:test";
 import assert from "node:assert/strict";
 import os from "node:os";
 import path from "node:path";
+import { spawn } from "node:child_process";
+import { pathToFileURL } from "node:url";
 import fs from "fs-extra";
 import { TestReuse, inputKey, testInputs } from "../scripts/model/test-reuse.js";
+import { REPO, collect } from "./harness-helpers.js";
 
 const TEST = "packages/pi-course/dist/test/01-a.test.js";
 
@@ -110,4 +114,76 @@ test("复用：输入没变的第二棵树不再运行测试文件而沿用结�
   const off = new TestReuse(false);
   await off.runTests(root, [TEST]);
   assert.equal((await off.runTests(same, [TEST])).reused, 0, "--fresh：不沿用任何结果");
+});
+
+/** Runs `TEST` of `root` with a TestReuse that shares through `shared`, in a process of its own; its counts. */
+async function runElsewhere(root: string, shared: string): Promise<{ reused: number; passed: boolean[] }> {
+  const module = pathToFileURL(path.join(REPO, "scripts/model/test-reuse.ts")).href;
+  const script = [
+    `const { TestReuse } = await import(${JSON.stringify(module)});`,
+    `const reuse = new TestReuse(true, { shared: ${JSON.stringify(shared)} });`,
+    `const { outcomes, reused } = await reuse.runTests(${JSON.stringify(root)}, [${JSON.stringify(TEST)}]);`,
+    "process.stdout.write(JSON.stringify({ reused, passed: outcomes.map((o) => o.passed) }));",
+  ].join("\n");
+  const child = spawn(process.execPath, ["--import", "tsx", "--input-type=module", "-e", script], { cwd: REPO, stdio: ["ignore", "pipe", "pipe"] });
+  const result = await collect(child);
+  assert.equal(result.code, 0, result.stderr);
+  return JSON.parse(result.stdout) as { reused: number; passed: boolean[] };
+}
+
+test("跨进程复用（npm test 的共享目录）：别的进程跑通过的同键文件直接沿用；变红的不写进去；输入变了照样重跑", async (t) => {
+  const shared = await fs.mkdtemp(path.join(os.tmpdir(), "pi-course-reuse-shared-"));
+  const [root, same, changed, red, redAgain] = await Promise.all([tree(), tree(), tree(), tree(), tree()]);
+  t.after(() => Promise.all([shared, root, same, changed, red, redAgain].map((dir) => fs.remove(dir))));
+  assert.deepEqual(await runElsewhere(root, shared), { reused: 0, passed: [true] });
+  assert.ok(fs.existsSync(path.join(root, "ran.txt")));
+  const key = inputKey(same, TEST, {}); // (root now holds ran.txt, which the test names: an input there)
+  assert.deepEqual(await fs.readdir(shared), [`${key}.json`], "通过的运行按输入键整份写进共享目录，不留临时文件");
+
+  const here = new TestReuse(true, { shared });
+  const taken = await here.runTests(same, [TEST]);
+  assert.equal(taken.reused, 1);
+  assert.deepEqual([here.sharedFiles, here.ranFiles], [1, 0]);
+  assert.ok(!fs.existsSync(path.join(same, "ran.txt")), "另一个进程已经用同样的输入跑通过，这里不应再启动测试文件");
+  assert.deepEqual(taken.outcomes.map((o) => [o.file, o.name, o.passed]), [[TEST, "a", true]]);
+
+  // Same answer, other bytes: a different key, so the file really runs (and passes) again.
+  await fs.outputFile(path.join(changed, "packages/pi-course/dist/src/table.json"), '{"answer":42}\n');
+  const rerun = await here.runTests(changed, [TEST]);
+  assert.equal(rerun.reused, 0);
+  assert.ok(fs.existsSync(path.join(changed, "ran.txt")), "输入变了：必须真的重新运行");
+
+  // A red run is never recorded: the next process with the same inputs runs the file itself and sees the failure.
+  for (const dir of [red, redAgain]) await fs.outputFile(path.join(dir, "packages/pi-course/dist/src/table.json"), '{ "answer": 41 }\n');
+  const before = await fs.readdir(shared);
+  assert.deepEqual(await runElsewhere(red, shared), { reused: 0, passed: [false] });
+  assert.deepEqual(await fs.readdir(shared), before, "红的运行不能写进共享目录");
+  const again = await new TestReuse(true, { shared }).runTests(redAgain, [TEST]);
+  assert.equal(again.reused, 0);
+  assert.ok(fs.existsSync(path.join(redAgain, "ran.txt")));
+  assert.deepEqual(again.outcomes.map((o) => o.passed), [false]);
+
+  // --fresh (reuse off) neither reads nor writes the folder.
+  const off = new TestReuse(false, { shared });
+  assert.equal(off.shared, undefined);
+  assert.equal((await off.runTests(same, [TEST])).reused, 0);
+});
+
+test("跨进程复用：输入里有练习目录自己的状态（.pi-course/，第 24 章 CLI 的 models.json 也在同名目录）的运行只在本进程内沿用，不写进共享目录", async (t) => {
+  const shared = await fs.mkdtemp(path.join(os.tmpdir(), "pi-course-reuse-shared-"));
+  const [root, same, third] = await Promise.all([tree(), tree(), tree()]);
+  t.after(() => Promise.all([shared, root, same, third].map((dir) => fs.remove(dir))));
+  for (const dir of [root, same, third]) {
+    // Chapter 24's shape: the test names ".pi-course" and locates itself, so the tree's own .pi-course/ is an input.
+    await fs.appendFile(path.join(dir, TEST), 'export const stateDir = new URL(".", import.meta.url) + ".pi-course";\n');
+    await fs.outputFile(path.join(dir, ".pi-course/faults.json"), '{ "done": [] }\n');
+  }
+  assert.ok(testInputs(root, TEST).files.includes(path.join(".pi-course", "faults.json")), "夹具：.pi-course/faults.json 是这份测试的输入");
+  assert.deepEqual(await runElsewhere(root, shared), { reused: 0, passed: [true] });
+  assert.deepEqual(await fs.readdir(shared), [], "这样的运行不写进共享目录");
+  const here = new TestReuse(true, { shared });
+  assert.equal((await here.runTests(same, [TEST])).reused, 0);
+  assert.ok(fs.existsSync(path.join(same, "ran.txt")));
+  assert.equal((await here.runTests(third, [TEST])).reused, 1, "同一进程里照旧沿用");
+  assert.ok(!fs.existsSync(path.join(third, "ran.txt")));
 });

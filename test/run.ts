@@ -9,7 +9,17 @@
 // temporary folders; the course's .history is built under a lock (history.ts); the compiled dist/ is rebuilt by
 // nobody while tests run (npm test builds it first; an up-to-date incremental build writes nothing).
 //
+// One more overlap: verify's reuse of passing test files (scripts/model/test-reuse.ts) reaches across the files of
+// one run. This runner makes a folder in the system temp folder and names it in PI_COURSE_SHARED_OUTCOMES; every
+// process that verifies (test/verify.test.ts, and the `npm run verify` a harness test starts on an edited copy of
+// the course) records its passing test files there by input key and takes those another process already passed.
+// This runner records there too: each chapter test file it ran to a pass on the final tree, under the key of its
+// inputs taken before the run — checkpoint 24's target is the final tree, so its verify takes most of them. Those
+// chapter files therefore start first, beside the verify test. The folder is removed when the runner exits.
+//
 //   node --import tsx test/run.ts [--concurrency N] [file …]     (npm test passes nothing)
+// With PI_COURSE_TEST_TIMES naming a folder, every file's process records its wall and CPU time there
+// (file-times.ts) and this runner writes them, slowest first, to times.md in that folder as it exits.
 // (Not a test file itself: only *.test.ts are test files. It lives here, not in scripts/, so practice folders never get it.)
 import path from "node:path";
 import { run } from "node:test";
@@ -17,10 +27,15 @@ import { spec, tap } from "node:test/reporters";
 import fs from "node:fs";
 import { pathToFileURL } from "node:url";
 import { REPO as ROOT } from "./harness-helpers.js";
+import { type FileTime, TEST_TIMES_ENV } from "./file-times.js";
+import { SHARED_OUTCOMES_ENV, recordSharedPass, sharedKey } from "../scripts/model/test-reuse.js";
+import type { TestOutcome } from "../scripts/model/test-process.js";
+import { makeTempDir } from "../scripts/model/trees.js";
+import { removeOnExit } from "../scripts/model/cleanup.js";
 
 /**
  * The files that take longest, longest first (wall time of each file run alone on the course's 2-core machine).
- * A file missing here simply starts after these, in name order.
+ * A file missing here simply starts after these, in name order — save the chapter files (startsEarly below).
  */
 export const LONG_FIRST = [
   "test/verify.test.ts",
@@ -28,9 +43,8 @@ export const LONG_FIRST = [
   "test/harness-starters.test.ts",
   // The real Pi parity test installs the pinned real Pi on a fresh clone (~20–40 s) before its four tasks.
   "test/real-pi-parity.test.ts",
+  // Chapter 24's file reads the working folder (its CLI), so no verify can take its pass: it starts here, not early.
   "packages/pi-course/dist/test/24-your-pi.test.js",
-  // Chapter 21's file spends about 30 s waiting for a tool timer of a task it abandons on purpose (a simulated crash).
-  "packages/pi-course/dist/test/21-task-runtime.test.js",
   "test/harness-learner-loop.test.ts",
   "test/harness-install.test.ts",
   "test/harness-practice-fault.test.ts",
@@ -43,9 +57,19 @@ export const LONG_FIRST = [
   "test/harness-watch.test.ts",
   "test/harness-picker.test.ts",
   "test/harness-concurrency.test.ts",
-  "packages/pi-course/dist/test/16-codemode.test.js",
-  "packages/pi-course/dist/test/08-coding-tools.test.js",
 ];
+
+/** Where the compiled chapter tests are, repository-relative: the files verify runs in every tree. */
+const CHAPTER_TESTS = "packages/pi-course/dist/test/";
+
+/**
+ * Chapter test files not listed in LONG_FIRST start right after its first entry (the verify test), before its
+ * others: checkpoint 24's verify takes their passes from this run (see the header), so they should be done before
+ * it gets to them. They are short (a few seconds each).
+ */
+export function startsEarly(file: string): boolean {
+  return file.startsWith(CHAPTER_TESTS) && !LONG_FIRST.includes(file);
+}
 
 export function testFiles(): string[] {
   const list = (dir: string, suffix: string): string[] =>
@@ -53,19 +77,90 @@ export function testFiles(): string[] {
   return [...list("test", ".test.ts"), ...list("packages/pi-course/dist/test", ".test.js")];
 }
 
+/** LONG_FIRST's first entry, the chapter files that start early, LONG_FIRST's others, then the rest; each in name order. */
 export function ordered(files: string[]): string[] {
   const rank = (file: string): number => {
     const at = LONG_FIRST.indexOf(file);
+    if (at === 0) return -2;
+    if (startsEarly(file)) return -1;
     return at < 0 ? LONG_FIRST.length : at;
   };
   return files.map((file, index) => ({ file, index })).sort((a, b) => rank(a.file) - rank(b.file) || a.index - b.index).map((x) => x.file);
 }
 
-/** Runs `files` (repository-relative or absolute) `concurrency` at a time under node's runner; sets the exit code. */
-export function runAll(files: string[], concurrency: number): void {
-  const stream = run({ files: files.map((file) => path.resolve(ROOT, file)), concurrency });
+/** The records file-times.ts left in `dir`, as a Markdown table: one row per file, slowest first, and this runner's own. */
+export function timesTable(dir: string): string {
+  const records: FileTime[] = fs.readdirSync(dir).filter((name) => /^\d+\.json$/.test(name))
+    .map((name) => JSON.parse(fs.readFileSync(path.join(dir, name), "utf8")) as FileTime);
+  const name = (file: string): string => (path.isAbsolute(file) ? path.relative(ROOT, file) : file);
+  // The runner, and the processes it started (one per file); a process a test file started is counted in its parent.
+  const runner = records.filter((r) => r.pid === process.pid);
+  const files = records.filter((r) => r.ppid === process.pid).sort((a, b) => b.wallMs - a.wallMs);
+  const s = (ms: number): string => (ms / 1000).toFixed(1);
+  return [
+    "| 测试文件 | 墙钟 s | CPU s（含子进程） |",
+    "| --- | ---: | ---: |",
+    ...files.map((r) => `| ${name(r.file)} | ${s(r.wallMs)} | ${s(r.cpuMs)} |`),
+    `| 合计（${files.length} 个文件） | ${s(files.reduce((sum, r) => sum + r.wallMs, 0))} | ${s(files.reduce((sum, r) => sum + r.cpuMs, 0))} |`,
+    ...runner.map((r) => `| test/run.ts（整个运行，墙钟与全部 CPU） | ${s(r.wallMs)} | ${s(r.cpuMs)} |`),
+    "",
+  ].join("\n");
+}
+
+/**
+ * Runs `files` (repository-relative or absolute) `concurrency` at a time under node's runner; sets the exit code.
+ * With `shared` (a folder, see the header) each chapter test file that passes is recorded there. `root` is the tree
+ * the files are in (a test passes a tree of its own).
+ */
+export function runAll(files: string[], concurrency: number, shared?: string, root = ROOT): void {
+  // Keys first: a test may write into its own tree while it runs.
+  const keys = new Map<string, { file: string; key: string }>();
+  if (shared !== undefined) {
+    for (const file of files.map((f) => path.relative(root, path.resolve(root, f)))) {
+      const key = file.startsWith(CHAPTER_TESTS) ? sharedKey(root, file) : undefined;
+      if (key !== undefined) keys.set(path.resolve(root, file), { file, key });
+    }
+  }
+  const stream = run({ files: files.map((file) => path.resolve(root, file)), concurrency });
   // As `node --test` does: any failure (a test, a hook, a file that cannot load) makes the run fail.
   stream.on("test:fail", () => { process.exitCode = 1; });
+  // What verify's test process reports for a file (test-process.ts): one outcome per finished top-level test. node's
+  // runner tells at once when a file's process has ended (test:complete for the file itself, with passed = exit
+  // code 0), but it replays each file's own events in the order the files were given, one file after another: a
+  // file's list is whole only when a file after it has begun to report, or the stream has ended. Then it is recorded
+  // if its process passed and none of its tests failed.
+  const order = files.map((file) => path.resolve(root, file));
+  const passes = new Map<string, TestOutcome[]>();
+  const failed = new Set<string>();
+  const passedFiles = new Set<string>();
+  let whole = 0;
+  const flush = (upTo: number): void => {
+    for (; whole < upTo; whole += 1) {
+      const file = order[whole]!;
+      const known = keys.get(file);
+      if (known && passedFiles.has(file) && !failed.has(file)) recordSharedPass(shared!, known.key, passes.get(file) ?? []);
+    }
+  };
+  const reported = (file: string | undefined): void => {
+    const at = file === undefined ? -1 : order.indexOf(file);
+    if (at > whole) flush(at);
+  };
+  stream.on("test:fail", (data) => {
+    if (data.file === undefined) return;
+    failed.add(data.file);
+    if (data.name !== data.file) reported(data.file);
+  });
+  stream.on("test:pass", (data) => {
+    if (data.file === undefined || data.name === data.file) return;
+    reported(data.file);
+    const known = keys.get(data.file);
+    if (!known || data.nesting !== 0 || data.skip !== undefined || data.todo !== undefined) return;
+    passes.set(data.file, [...(passes.get(data.file) ?? []), { name: data.name, file: known.file, passed: true, error: "" }]);
+  });
+  stream.on("test:complete", (data) => {
+    if (data.file !== undefined && data.nesting === 0 && data.name === data.file && data.details.passed) passedFiles.add(data.file);
+  });
+  stream.on("end", () => { flush(order.length); });
   // node --test's own choice of reporter: spec on a terminal, TAP otherwise.
   stream.compose(process.stdout.isTTY ? new spec() : tap).pipe(process.stdout);
 }
@@ -82,5 +177,14 @@ if (process.argv[1] !== undefined && pathToFileURL(path.resolve(process.argv[1])
     }
     args.splice(at, 2);
   }
-  runAll(ordered(args.length > 0 ? args : testFiles()), concurrency);
+  const times = process.env[TEST_TIMES_ENV];
+  // After file-times.ts's own exit listener (imported first), so the runner's record is there too.
+  if (times !== undefined && times !== "") process.on("exit", () => { fs.writeFileSync(path.join(times, "times.md"), timesTable(times)); });
+  // A folder named by whoever started this runner is theirs to keep; one made here goes when this runner ends.
+  if ((process.env[SHARED_OUTCOMES_ENV] ?? "") === "") {
+    const made = await makeTempDir("shared-outcomes");
+    removeOnExit(made);
+    process.env[SHARED_OUTCOMES_ENV] = made;
+  }
+  runAll(ordered(args.length > 0 ? args : testFiles()), concurrency, process.env[SHARED_OUTCOMES_ENV]);
 }

@@ -6,14 +6,15 @@ import { loadCheckpoints } from "../scripts/model/manifest.js";
 import { type HistoryInfo, ensureHistory } from "../scripts/model/history.js";
 import { type CheckpointVerdict, verifyAll, verifyCourseTable } from "../scripts/model/verify.js";
 import { makeTempDir } from "../scripts/model/trees.js";
-import { TestReuse } from "../scripts/model/test-reuse.js";
+import { SHARED_OUTCOMES_ENV, TestReuse } from "../scripts/model/test-reuse.js";
 
 const checkpoints = loadCheckpoints();
 let info: HistoryInfo;
 let work: string;
 // As `npm run verify` does: two checkpoints at a time, one reuse record for the whole run (a test file runs again
-// only when its inputs changed). The first test starts them all; each test waits for its own checkpoint.
-const reuse = new TestReuse();
+// only when its inputs changed), shared with the other processes of the same npm test (test/run.ts names the
+// folder). The first test starts them all; each test waits for its own checkpoint.
+const reuse = new TestReuse(true, { shared: process.env[SHARED_OUTCOMES_ENV] });
 let verdicts: Promise<CheckpointVerdict>[] | undefined;
 
 before(async () => {

@@ -19,10 +19,24 @@
 // temporary workspace), not an input. node_modules is shared by every tree of one run and is not an input either.
 // A path assembled at run time from pieces that are not literals is not seen; `npm run verify -- --fresh` runs
 // everything without reuse, and `npm test` also runs every test file fresh on the final tree.
+//
+// Across processes: `npm test` verifies checkpoints in more than one process (test/verify.test.ts verifies them all;
+// a harness test runs `npm run verify -- 11 18` on an edited copy of the course). test/run.ts makes one folder for
+// the whole run and names it in PI_COURSE_SHARED_OUTCOMES; a TestReuse given that folder (`shared`) also records
+// each passing file there under its input key, and takes a file from there when another process already passed
+// it with the same inputs. Only passes are written; a file is written whole (a temporary name, then a rename), so
+// a reader never sees half of one. A run whose inputs include a practice folder's own state (.pi-course/, which the
+// harness rewrites as it goes: fault records, progress) is kept to its own process: that folder's name is also
+// what chapter 24's CLI reads its models.json from, so such a key says less than it seems to.
 import crypto from "node:crypto";
 import fs from "node:fs";
+import os from "node:os";
 import path from "node:path";
 import { type TestOutcome, type TestProcessOptions, runTests } from "./tests.js";
+import { STATE_DIR } from "./practice-state.js";
+
+/** The environment variable that names the folder where the processes of one `npm test` share their passing runs. */
+export const SHARED_OUTCOMES_ENV = "PI_COURSE_SHARED_OUTCOMES";
 
 /** Quoted strings that look like a path: segments of word characters, dots, @ and dashes, separated by slashes. */
 const PATH_LITERAL = /(["'`])((?:\.{1,2}\/)*[\w@.-]+(?:\/[\w@.-]+)*\/?|\.{1,2})\1/g;
@@ -100,9 +114,16 @@ export function testInputs(root: string, testFile: string): TestInputs {
 
 /** Content key of a test file's run: its inputs' paths and contents, and the name patterns it runs with. */
 export function inputKey(root: string, testFile: string, options: TestProcessOptions, hashes = new Map<string, string>()): string {
+  return keyed(root, testFile, options, hashes).key;
+}
+
+/** The input key, and whether other processes may take a pass under it (no input lies in a practice folder's state). */
+function keyed(root: string, testFile: string, options: TestProcessOptions, hashes: Map<string, string>): { key: string; shareable: boolean } {
   const hash = crypto.createHash("sha256");
   hash.update(`${testFile}\n${(options.patterns ?? []).map((p) => p.source).join("\n")}\n`);
+  let shareable = true;
   for (const file of testInputs(root, testFile).files) {
+    if (file.split(path.sep).includes(STATE_DIR)) shareable = false;
     let digest = hashes.get(file);
     if (digest === undefined) {
       digest = crypto.createHash("sha256").update(fs.readFileSync(path.join(root, file))).digest("hex");
@@ -110,7 +131,49 @@ export function inputKey(root: string, testFile: string, options: TestProcessOpt
     }
     hash.update(`${file}\0${digest}\n`);
   }
-  return hash.digest("hex");
+  return { key: hash.digest("hex"), shareable };
+}
+
+/**
+ * For a process that runs compiled test files by other means (test/run.ts runs every chapter's tests on the final
+ * tree under node's own runner): the key under which a pass of `testFile` of `root` may be shared, or undefined
+ * when it may not (see keyed()). Compute it before the file runs, as TestReuse does.
+ */
+export function sharedKey(root: string, testFile: string): string | undefined {
+  const { key, shareable } = keyed(root, testFile, {}, new Map());
+  return shareable ? key : undefined;
+}
+
+/** Records `outcomes` (one per top-level test, every one passed) of a file under `key` in `dir`; a red file is not recorded. */
+export function recordSharedPass(dir: string, key: string, outcomes: TestOutcome[]): boolean {
+  if (outcomes.length === 0 || !outcomes.every((o) => o.passed)) return false;
+  writeShared(dir, key, outcomes);
+  return true;
+}
+
+/** A pass another process recorded under `key` in `dir`, or undefined (none, or not a whole record of a pass). */
+function readShared(dir: string, key: string, file: string): TestOutcome[] | undefined {
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(fs.readFileSync(path.join(dir, `${key}.json`), "utf8"));
+  } catch {
+    return undefined;
+  }
+  const valid = Array.isArray(parsed) && parsed.length > 0 && parsed.every((o: Partial<TestOutcome> | null) =>
+    o !== null && typeof o === "object" && typeof o.name === "string" && o.file === file && o.passed === true && typeof o.error === "string");
+  return valid ? (parsed as TestOutcome[]) : undefined;
+}
+
+/** Records a pass under `key` in `dir`: written under a name of this process, then renamed, so readers see all or nothing. */
+function writeShared(dir: string, key: string, outcomes: TestOutcome[]): void {
+  const temp = path.join(dir, `${key}.tmp-${process.pid}-${crypto.randomBytes(4).toString("hex")}`);
+  try {
+    fs.writeFileSync(temp, JSON.stringify(outcomes));
+    fs.renameSync(temp, path.join(dir, `${key}.json`));
+  } catch {
+    // The folder went away (the run that made it ended): sharing is an optimisation, the outcomes are still returned.
+    fs.rmSync(temp, { force: true });
+  }
 }
 
 /** runTests() through `reuse` when there is one (verify), plainly otherwise (a learner's own command). */
@@ -121,50 +184,73 @@ export async function runTestsWith(reuse: TestReuse | undefined, root: string, f
 /**
  * The passing runs of one verify run, by input key. Only a file whose every test passed is remembered: a red
  * file always runs again, so its failure text is current. Timeouts are not part of the key (a pass is a pass).
+ * With `shared` (a folder, see the header) passes are also exchanged with the other processes of one `npm test`.
+ *
+ * Files are looked up one at a time, just before each would run: a file another lane (or process) passed in the
+ * meantime is taken then, and a file another lane of this process is running is waited for — that file alone, not
+ * the rest of the other lane's list.
  */
 export class TestReuse {
   readonly #passed = new Map<string, TestOutcome[]>();
-  /** Runs under way (two checkpoints are verified at once): a second caller with the same inputs waits for them. */
+  /** Files under way (two checkpoints are verified at once): a second caller with the same inputs waits for them. */
   readonly #running = new Map<string, Promise<void>>();
   /** Test files taken from an earlier run, and test files actually run, since this object was made. */
   reusedFiles = 0;
   ranFiles = 0;
+  /** Of the reused ones, those another process had passed. */
+  sharedFiles = 0;
+  readonly shared: string | undefined;
 
-  constructor(readonly enabled = true) {}
+  constructor(readonly enabled = true, options: { shared?: string } = {}) {
+    this.shared = enabled && options.shared !== undefined && options.shared !== "" ? options.shared : undefined;
+  }
 
   /** runTests() with reuse: the outcomes in the order of `files`, and how many files were reused. */
   async runTests(root: string, files: string[], options: TestProcessOptions = {}): Promise<{ outcomes: TestOutcome[]; reused: number }> {
-    const hashes = new Map<string, string>();
-    const keys = files.map((file) => (this.enabled ? inputKey(root, file, options, hashes) : ""));
-    if (this.enabled) await Promise.all(keys.map((key) => this.#running.get(key)));
-    const fresh = files.filter((_, index) => !this.enabled || !this.#passed.has(keys[index]!));
-    const runsHere = new Set(fresh);
-    let finished: () => void = () => {};
-    const flight = new Promise<void>((resolve) => { finished = resolve; });
-    const claimed = this.enabled ? [...new Set(fresh.map((file) => keys[files.indexOf(file)]!))].filter((key) => !this.#running.has(key)) : [];
-    for (const key of claimed) this.#running.set(key, flight);
-    let ran: TestOutcome[];
-    try {
-      ran = await runTests(root, fresh, options);
-    } finally {
-      for (const key of claimed) this.#running.delete(key);
-      finished();
+    if (!this.enabled) {
+      this.ranFiles += files.length;
+      return { outcomes: await runTests(root, files, options), reused: 0 };
     }
-    const outcomes: TestOutcome[] = [];
+    const hashes = new Map<string, string>();
+    const found = files.map((file) => keyed(root, file, options, hashes));
+    const results: TestOutcome[][] = new Array(files.length);
     let reused = 0;
-    files.forEach((file, index) => {
-      const known = this.enabled ? this.#passed.get(keys[index]!) : undefined;
-      if (known && !runsHere.has(file)) {
+    const one = async (index: number): Promise<void> => {
+      const file = files[index]!;
+      const { key, shareable } = found[index]!;
+      for (let flight = this.#running.get(key); flight; flight = this.#running.get(key)) await flight;
+      let known = this.#passed.get(key);
+      if (!known && shareable && this.shared !== undefined) {
+        known = readShared(this.shared, key, file);
+        if (known) { this.#passed.set(key, known); this.sharedFiles += 1; }
+      }
+      if (known) {
         reused += 1;
-        outcomes.push(...known);
+        results[index] = known;
         return;
       }
-      const mine = ran.filter((o) => o.file === file);
-      if (this.enabled && mine.length > 0 && mine.every((o) => o.passed)) this.#passed.set(keys[index]!, mine);
-      outcomes.push(...mine);
-    });
+      let finished: () => void = () => {};
+      this.#running.set(key, new Promise<void>((resolve) => { finished = resolve; }));
+      try {
+        const mine = await runTests(root, [file], options);
+        if (mine.length > 0 && mine.every((o) => o.passed)) {
+          this.#passed.set(key, mine);
+          if (shareable && this.shared !== undefined) writeShared(this.shared, key, mine);
+        }
+        results[index] = mine;
+      } finally {
+        this.#running.delete(key);
+        finished();
+      }
+      this.ranFiles += 1;
+    };
+    // As runTests() itself does: files in parallel on all but one core.
+    let next = 0;
+    const lane = async (): Promise<void> => {
+      while (next < files.length) await one(next++);
+    };
+    await Promise.all(Array.from({ length: Math.max(1, Math.min(files.length, os.availableParallelism() - 1)) }, lane));
     this.reusedFiles += reused;
-    this.ranFiles += fresh.length;
-    return { outcomes, reused };
+    return { outcomes: results.flat(), reused };
   }
 }
