@@ -450,10 +450,10 @@ test("Lab 20.1 · 超时：同步死循环与永不结束的 await 都返回 Tim
   await parked;
   idle.release(7);
   await nextTurns();
-  assert.deepEqual(await idle.kernel.describe(), {
-    alive: true,
-    variables: [{ name: "kept", type: "number", preview: "1" }, { name: "later", type: "number", preview: "7" }],
-  });
+  const settled = await idle.kernel.describe();
+  assert.equal(settled.alive, true);
+  assert.deepEqual(entry(settled, "kept"), { name: "kept", type: "number", preview: "1" });
+  assert.deepEqual(entry(settled, "later"), { name: "later", type: "number", preview: "7" });
 
   // await 之后的死循环：不论等的是 null 还是宿主能力，期限照样有效，宿主的事件循环不被冻住
   // （在子进程里跑，宿主真被冻住时这边杀掉它）。子进程的计时器在两格超时之后照常触发，下一格照常运行。
@@ -478,7 +478,7 @@ test("Lab 20.1 · 超时：同步死循环与永不结束的 await 都返回 Tim
   assert.equal(report.first?.name, "TimeoutError", "await null 之后的死循环");
   assert.equal(report.first?.message, "超过 200 ms 没有结束：旧内核已丢弃（变量全部丢失），已换上一个新内核");
   assert.equal(report.second?.name, "TimeoutError", "await 宿主能力之后的死循环");
-  assert.deepEqual(report.replaced, { alive: true, variables: [] }, "推进时超时之后也立即换上了新内核");
+  assert.equal(report.replaced.alive, true, "推进时超时之后也立即换上了新内核");
   assert.equal(report.timerFired, true);
   assert.deepEqual(report.after, { ok: true, value: "undefined", stdout: "" });
   assert.deepEqual(report.abandoned, { alive: false, variables: [] }, "两格之间跑飞的回调被掐断之后，旧 context 连同 kept 一起丢掉");
