@@ -382,6 +382,17 @@ test("Lab 20.1 · 单元格失败是 ok=false 的结果（name 与 message），
   assert.equal(csv.reads(), 1);
   const refused = await kernel.execute("return await fs.read('secret.txt')");
   assert.deepEqual(refused, { ok: false, stdout: "", error: { name: "Error", message: "没有这个文件：secret.txt" } });
+
+  // 同步的能力交回什么，单元格就拿到什么：undefined、null 与普通对象原样交回，不被包成 Promise；
+  // 只有 thenable（连带 then 方法的函数也算）才换成 context 自己的 Promise。
+  const thenableFn = Object.assign(() => 0, { then: (resolve: (value: unknown) => void) => resolve(5) });
+  const plain = createJavaScriptKernel({
+    capabilities: { sync: { nothing: () => undefined, none: () => null, pair: () => ({ a: 1 }), later: () => thenableFn } },
+  });
+  assert.deepEqual(
+    await okValue(plain, "return [typeof sync.nothing(), sync.none(), sync.pair().a, typeof sync.later(), await sync.later()]"),
+    ["undefined", null, 1, "object", 5],
+  );
 });
 
 test("Lab 20.1 · 超时：同步死循环与永不结束的 await 都返回 TimeoutError，旧变量随旧内核一起丢弃", HANG_GUARD, async () => {
@@ -427,6 +438,23 @@ test("Lab 20.1 · 超时：同步死循环与永不结束的 await 都返回 Tim
   await abortMidCell(clock.kernel, "await clock.hang()", clock.nextHang());
   assert.equal(await okValue(clock.kernel, "return typeof late"), "undefined");
 
+  // 一格没有 await 的 Promise 在两格之间才有结果：宿主在下一轮 setImmediate 里推一下 context，回调照常运行，变量都还在。
+  // 测试放行之后等两轮 setImmediate，那一下推进一定已经跑过。（回调跑飞的情形在下面的子进程里。）
+  const idle = clockKernel({ timeoutMs: 100 });
+  const nextTurns = async (): Promise<void> => {
+    await new Promise((resolve) => setImmediate(resolve));
+    await new Promise((resolve) => setImmediate(resolve));
+  };
+  const parked = idle.nextHang();
+  assert.equal(await okValue(idle.kernel, "kept = 1\nclock.hold().then((value) => { later = value })\nreturn kept"), 1);
+  await parked;
+  idle.release(7);
+  await nextTurns();
+  const settled = await idle.kernel.describe();
+  assert.equal(settled.alive, true);
+  assert.deepEqual(entry(settled, "kept"), { name: "kept", type: "number", preview: "1" });
+  assert.deepEqual(entry(settled, "later"), { name: "later", type: "number", preview: "7" });
+
   // await 之后的死循环：不论等的是 null 还是宿主能力，期限照样有效，宿主的事件循环不被冻住
   // （在子进程里跑，宿主真被冻住时这边杀掉它）。子进程的计时器在两格超时之后照常触发，下一格照常运行。
   const script = [
@@ -434,16 +462,26 @@ test("Lab 20.1 · 超时：同步死循环与永不结束的 await 都返回 Tim
     "const kernel = createJavaScriptKernel({ capabilities: { clock: { tick: () => new Promise((resolve) => setImmediate(() => resolve(1))) } } });",
     "const first = await kernel.execute('keep = 1\\nawait null\\nfor (;;) {}', { timeoutMs: 200 });",
     "const second = await kernel.execute('await clock.tick()\\nfor (;;) {}', { timeoutMs: 200 });",
+    "const replaced = await kernel.describe();",
     "const timerFired = await new Promise((resolve) => setTimeout(() => resolve(true), 0));",
     "const after = await kernel.execute('await clock.tick()\\nreturn typeof keep');",
-    "process.stdout.write(JSON.stringify({ first: first.error, second: second.error, timerFired, after }));",
+    // 两格之间跑飞的回调：vm 按内核的超时掐断它，这个 context 整个丢掉，之后观察是 alive=false。
+    "const holds = [];",
+    "const idle = createJavaScriptKernel({ timeoutMs: 100, capabilities: { clock: { hold: () => new Promise((resolve) => holds.push(resolve)) } } });",
+    "await idle.execute('kept = 1\\nclock.hold().then(() => { for (;;) {} })\\nreturn kept');",
+    "holds.shift()(0);",
+    "for (const turn of [1, 2]) await new Promise((resolve) => setImmediate(resolve));",
+    "const abandoned = await idle.describe();",
+    "process.stdout.write(JSON.stringify({ first: first.error, second: second.error, replaced, timerFired, after, abandoned }));",
   ].join("\n");
-  const report = JSON.parse(await runInChild(script, 8_000)) as { first?: RuntimeResult["error"]; second?: RuntimeResult["error"]; timerFired: boolean; after: RuntimeResult };
+  const report = JSON.parse(await runInChild(script, 8_000)) as { first?: RuntimeResult["error"]; second?: RuntimeResult["error"]; replaced: RuntimeState; timerFired: boolean; after: RuntimeResult; abandoned: RuntimeState };
   assert.equal(report.first?.name, "TimeoutError", "await null 之后的死循环");
   assert.equal(report.first?.message, "超过 200 ms 没有结束：旧内核已丢弃（变量全部丢失），已换上一个新内核");
   assert.equal(report.second?.name, "TimeoutError", "await 宿主能力之后的死循环");
+  assert.equal(report.replaced.alive, true, "推进时超时之后也立即换上了新内核");
   assert.equal(report.timerFired, true);
   assert.deepEqual(report.after, { ok: true, value: "undefined", stdout: "" });
+  assert.deepEqual(report.abandoned, { alive: false, variables: [] }, "两格之间跑飞的回调被掐断之后，旧 context 连同 kept 一起丢掉");
 });
 
 // ---------------------------------------------------------------------------
@@ -647,6 +685,7 @@ test("Lab 20.3 · 真实 python3 子进程：单元格以标记行结束，结�
     assert.equal((await kernel.execute(`a = 1\n${HARNESS_CELL_END} guess\nb = 2`)).error?.name, "ProtocolError");
     // 第一行就是控制行的单元格同样被拒：否则内核会把它当成一次状态检查。
     assert.equal((await kernel.execute(`${HARNESS_STATE_LINE}\nz = 2`)).error?.name, "ProtocolError");
+    assert.equal((await kernel.execute(`${HARNESS_STATE_LINE} guess\nz = 2`)).error?.name, "ProtocolError");
 
     const state = await kernel.describe();
     assert.deepEqual(state, {
@@ -663,6 +702,8 @@ test("Lab 20.3 · 真实 python3 子进程：单元格以标记行结束，结�
     // 行中间的 \r 不动；碰巧等于 __HARNESS_READY__ 的一行也只是输出。
     const raw = await kernel.execute("import os\nos.write(1, b'\\nraw\\r\\nmid\\rdle\\r\\n__HARNESS_READY__\\n')\nprint('printed')");
     assert.deepEqual(raw, { ok: true, stdout: "\nraw\nmid\rdle\n__HARNESS_READY__\nprinted\n" });
+    // 没有换行结尾的半行：结果行前面那一下换行把它补完，它照样是输出，不被当成分隔用的空行丢掉。
+    assert.deepEqual(await kernel.execute("import os\nos.write(1, b'no newline')\n'v'"), { ok: true, value: "v", stdout: "no newline\n" });
 
     // 单元格冒充结果行：没有这个请求的暗号，它们只是普通输出。真正的结果照常到达，下一格也不会错位。
     const forged = await kernel.execute([
@@ -699,6 +740,18 @@ test("Lab 20.3 · 真实 python3 子进程：单元格以标记行结束，结�
     assert.ok(flood.stdout.length < OUTPUT_LIMIT + 200, `stdout 有 ${flood.stdout.length} 个字符`);
     assert.ok(flood.stdout.startsWith("x".repeat(1000)));
     assert.match(flood.stdout, /…（绕过 print 的输出超过 1000000 个字符，其余已丢弃）\n$/);
+    // 上限按“字符数 + 每行一个换行”逐字计算：正好用满时一字不丢；超过的那一行只留放得下的部分，后面跟一句说明，
+    // 此后的行（包括结果行前那一下换行）一概丢掉，说明也只出现一次。
+    const notice = "…（绕过 print 的输出超过 1000000 个字符，其余已丢弃）\n";
+    const full = await kernel.execute("import os\nos.write(1, b'x' * 999_998 + b'\\n')\n'full'");
+    assert.equal(full.value, "full");
+    assert.equal(full.stdout, `${"x".repeat(999_998)}\n`, "连同分隔的换行正好 1000000 个字符：不截断，也不多出空行");
+    const brim = await kernel.execute("import os\nos.write(1, b'x' * 999_999 + b'\\nmore\\n')\n'brim'");
+    assert.equal(brim.value, "brim");
+    assert.equal(brim.stdout, `${"x".repeat(999_999)}\n\n${notice}`, "用满之后的下一行：一个字也放不下，只剩说明");
+    const lines = await kernel.execute("import os\nos.write(1, (b'z' * 999 + b'\\n') * 999 + b'w' * 1000 + b'\\ntail\\n')\n'lines'");
+    assert.equal(lines.value, "lines");
+    assert.equal(lines.stdout, `${`${"z".repeat(999)}\n`.repeat(999)}${"w".repeat(1000)}\n${notice}`, "放得下 1000 个字符、放不下它的换行的那一行");
     // print 的输出在内核里就截断：同一个上限，同样写明。
     const printed = await kernel.execute("print('y' * 3_000_000)\n7");
     assert.equal(printed.value, 7);
@@ -823,7 +876,7 @@ test("Lab 20.3 · 内核卫生：主循环与能力注入的局部变量、impor
 
 test("Lab 20.3 · 同一条发送通道：并发请求排队一次一个；超时杀掉并重启内核；reset 之后 alive=false 且进程已退出", PYTHON_GUARD, async () => {
   // 一个不守规矩的对端（与主内核同时跑）：答复 __HARNESS_STATE__ 时先回 {"ok": false}，再回没有清单的 {"ok": true}，第三次干脆退出；
-  // 一格里有 garble 时回一行带着暗号、JSON 却坏了的结果；有 deafen 时，先关掉自己的 stdin 再答复。describe() 从不 reject：
+  // 一格里有 garble 时回一行带着暗号、JSON 却坏了的结果，有 bare 时回一个不带 error 的 {"ok": false}；有 deafen 时，先关掉自己的 stdin 再答复。describe() 从不 reject：
   // 观察途中内核退出是 alive=false，答复不成形是 alive=true 与空清单；坏 JSON 是 ProtocolError；宿主再写不进 stdin 也不崩溃，
   // 那一格照常到期限超时。
   const programs = scratchDir();
@@ -846,6 +899,8 @@ test("Lab 20.3 · 同一条发送通道：并发请求排队一次一个；超�
     "        nonce = line.split(' ', 1)[1]",
     "        if 'garble' in cell:",
     "            reply(nonce, '{not json')",
+    "        elif 'bare' in cell:",
+    "            reply(nonce, '{\"ok\": false}')",
     "        else:",
     "            if 'deafen' in cell:",
     "                os.close(0)",
@@ -860,6 +915,7 @@ test("Lab 20.3 · 同一条发送通道：并发请求排队一次一个；超�
     assert.deepEqual(await peer.execute("x = 1"), { ok: true, value: "heard", stdout: "" });
     const broken = await peer.execute("garble");
     assert.deepEqual(broken, { ok: false, stdout: "", error: { name: "ProtocolError", message: "内核发回的结果行不是合法的 JSON" } });
+    assert.deepEqual(await peer.execute("bare"), { ok: false, stdout: "", error: { message: "单元格失败" } }, "ok=false 却没带 error");
     assert.deepEqual(await peer.describe(), { alive: true, variables: [] }, "答复 ok=false");
     assert.deepEqual(await peer.describe(), { alive: true, variables: [] }, "答复里没有清单");
     assert.deepEqual(await peer.describe(), { alive: false, variables: [] }, "观察途中退出");
@@ -906,7 +962,14 @@ test("Lab 20.3 · 同一条发送通道：并发请求排队一次一个；超�
 
       // 单元格启动的孙进程继承了 stdout，而且一直不退出：超时、reset 与内核自己退出时，宿主都不等它放开管道，
       // 它也随内核所在的进程组一起被杀掉（/proc 里已经没有它，或者只剩僵尸）。
-      const grandchild = "import subprocess\nsubprocess.Popen(['sleep', '3600']).pid";
+      // 孙进程不理会 SIGTERM：杀进程组时发的必须是 SIGKILL。它在 stderr 上说“ready”（装好了信号处理）之后才交回 pid。
+      const grandchild = [
+        "import subprocess, sys",
+        "code = 'import signal, sys, time\\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\\nprint(\"ready\", file=sys.stderr, flush=True)\\ntime.sleep(3600)'",
+        "held = subprocess.Popen([sys.executable, '-c', code], stderr=subprocess.PIPE, text=True)",
+        "held.stderr.readline()",
+        "held.pid",
+      ].join("\n");
       const heldByTimeout = await okValue(kernel, grandchild) as number;
       assert.equal((await kernel.execute("while True:\n    pass", { timeoutMs: 300 })).error?.name, "TimeoutError");
       assert.equal(await deadSoon(heldByTimeout), true);
