@@ -155,7 +155,9 @@ export function runAll(files: string[], concurrency: number, shared?: string, ro
     reported(data.file);
     const known = keys.get(data.file);
     if (!known || data.nesting !== 0 || data.skip !== undefined || data.todo !== undefined) return;
-    passes.set(data.file, [...(passes.get(data.file) ?? []), { name: data.name, file: known.file, passed: true, error: "" }]);
+    const list = passes.get(data.file) ?? [];
+    if (list.length === 0) passes.set(data.file, list);
+    list.push({ name: data.name, file: known.file, passed: true, error: "" });
   });
   stream.on("test:complete", (data) => {
     if (data.file !== undefined && data.nesting === 0 && data.name === data.file && data.details.passed) passedFiles.add(data.file);
