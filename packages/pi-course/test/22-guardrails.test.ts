@@ -13,7 +13,7 @@ import test from "node:test";
 
 import { createCodemodeTool, type CodemodeToolDetails } from "../src/codemode.js";
 import { ScriptedModel, type ScriptedTurn } from "../src/scripted-model.js";
-import { objectSchema, stringValue, ToolRegistry, type Tool } from "../src/tool.js";
+import { executeToolCall, objectSchema, stringValue, ToolRegistry, type Tool } from "../src/tool.js";
 import { assistantMessage, currentSystemMessage, text, textOf } from "../src/types.js";
 import type { AgentMessage, AssistantMessage, ToolCall, ToolResultMessage } from "../src/types.js";
 import { createTask } from "../src/task-runtime/task-state.js";
@@ -60,6 +60,7 @@ import {
   createPermissionHooks,
   permissionOf,
   readAuditLog,
+  type AuditInput,
   type AuditRecord,
   type ConfirmRequest,
 } from "../src/guardrails/permissions.js";
@@ -900,12 +901,52 @@ test("Lab 22.4 · 权限闸门：read 默认放行；write 只在确认回调明
   // 一个没有经过闸门的 codemode 工具：它的嵌套调用会绕开判定，所以它本身就被拒绝（连确认都不问）。
   const withPlain = new ToolRegistry([countingTool("read_order", { permission: "read" }).tool]);
   withPlain.register(createCodemodeTool(withPlain));
-  const yesGate = createPermissionHooks({ tools: withPlain, policy: { confirm: () => true } }).gateTool!;
+  const gateRecords: AuditInput[] = [];
+  const memoryAudit = { append: async (record: AuditInput) => void gateRecords.push(record) };
+  const yesGate = createPermissionHooks({ tools: withPlain, policy: { confirm: () => true }, audit: memoryAudit }).gateTool!;
   assert.deepEqual(await yesGate(call("g5", "codemode", { code: "return 1" }), snapshot), { allow: false, message: PERMISSION_DENIED });
+  assert.deepEqual(
+    gateRecords.map((record) => (record.kind === "permission" ? [record.callId, record.decision, record.allowed] : record.kind)),
+    [["g5", "unguarded-nesting", false]],
+    "审计日志写明为什么拒绝：这个 codemode 工具的嵌套调用不经过闸门",
+  );
   const guardedRegistry = new ToolRegistry([countingTool("read_order", { permission: "read" }).tool]);
   guardedRegistry.register(createGuardedCodemodeTool({ tools: guardedRegistry, policy: { confirm: () => true } }));
   const guardedGate = createPermissionHooks({ tools: guardedRegistry, policy: { confirm: () => true } }).gateTool!;
   assert.deepEqual(await guardedGate(call("g6", "codemode", { code: "return 1" }), snapshot), { allow: true }, "经过闸门的 codemode 按它的级别（write）确认");
+  // 不在任务里运行的 codemode（例如直接交给执行器）：嵌套调用的记录里任务 id 是空串、步骤是 0，时间来自传入的时钟。
+  // 脚本跑到一半被改成 hidden 的工具谁都调不动了：闸门不判定、不写记录，交给执行器给出它自己的失败。
+  gateRecords.length = 0;
+  const cache = countingTool("read_cache", { permission: "read" });
+  cache.tool.exposure = "codemode";
+  const hider: Tool = {
+    name: "hide_cache",
+    description: "把 read_cache 藏起来",
+    permission: "read",
+    exposure: "codemode",
+    schema: objectSchema({}),
+    async execute() {
+      cache.tool.exposure = "hidden";
+      return { content: [text("藏好了")] };
+    },
+  };
+  const loose = new ToolRegistry([cache.tool, hider]);
+  loose.register(createGuardedCodemodeTool({ tools: loose, policy: {}, audit: memoryAudit, clock: () => 77 }));
+  const looseScript = [
+    "const out = [(await tools.read_cache({ q: 'a' })).text, (await tools.hide_cache({})).text];",
+    "try { await tools.read_cache({ q: 'b' }); } catch (error) { out.push(String(error.message ?? error)); }",
+    "return out;",
+  ].join("\n");
+  const looseResult = await executeToolCall(call("lc", "codemode", { code: looseScript }), loose, {});
+  assert.deepEqual(JSON.parse(textOf(looseResult)), ["read_cache:a", "藏好了", "Tool read_cache failed: 工具不在脚本的可调用集合里"]);
+  assert.deepEqual(cache.runs, ["a"]);
+  assert.deepEqual(
+    gateRecords.map((record) => (record.kind === "permission" ? [record.taskId, record.step, record.at, record.callId, record.decision] : record.kind)),
+    [
+      ["", 0, 77, "lc/1", "read"],
+      ["", 0, 77, "lc/2", "read"],
+    ],
+  );
 });
 
 test("Lab 22.4 · 运行时：同一批里 read 执行、write 经确认执行、delete 被拒；codemode 脚本里的每个嵌套调用同样逐个判定；拒绝是一条普通的配对错误，不透露业务细节，任务照常完成", HANG_GUARD, async (t) => {
@@ -1011,6 +1052,7 @@ test("Lab 22.4 · 运行时：同一批里 read 执行、write 经确认执行�
     ],
     "外层与每个嵌套调用都有一条记录，任务 id 与步骤号是外层调用的",
   );
+  assert.deepEqual(permissions.map((record) => record.at), permissions.map(() => time.clock()), "嵌套调用的记录用传入的时钟（这里是假时钟），不是 Date.now");
   await nestedStore.close();
 });
 
@@ -1112,11 +1154,30 @@ test("Lab 22.4 · 审计日志：每次迁移、模型请求与回复、工具�
   // 摘要是规范化参数（键排序、紧凑的 JSON）的 sha256 前 16 位：键的顺序不影响它，值不同它就不同。
   const sha = (value: string): string => createHash("sha256").update(value).digest("hex").slice(0, 16);
   assert.equal(argsDigest({ b: [2, 3], c: null, a: { y: "二", x: 1 } }), sha('{"a":{"x":1,"y":"二"},"b":[2,3],"c":null}'));
+  assert.equal(argsDigest([1, undefined]), sha("[1,null]"), "数组里的 undefined 与 JSON 一样按 null 算");
 
-  // 进程死在写一半：末行没有换行也不是完整 JSON，读回时跳过它；重开之后接着编号。
-  await appendFile(file, '{"seq": 99, "kind": "trans');
-  assert.equal((await readAuditLog(file)).length, records.length);
-  const reopened = await AuditLog.open(file);
+  // 打开时只在真有半行时截断：新文件与完整的日志原样不动（ftruncate 哪怕截到原来的长度，也会改掉文件的修改时间）。
+  const completeBytes = Buffer.byteLength(await readFile(file, "utf8"));
+  const handleProto = proto as unknown as { truncate(length?: number): Promise<void> };
+  const originalTruncate = handleProto.truncate;
+  const truncations: Array<number | undefined> = [];
+  handleProto.truncate = function (this: unknown, length?: number) {
+    truncations.push(length);
+    return originalTruncate.call(this, length);
+  };
+  let reopened: AuditLog;
+  try {
+    await (await AuditLog.open(path.join(dir, "fresh.jsonl"), { fsync: false })).close();
+    await (await AuditLog.open(file, { fsync: false })).close();
+    assert.deepEqual(truncations, [], "新文件与完整的日志打开时不截断");
+    // 进程死在写一半：末行没有换行也不是完整 JSON，读回时跳过它；重开之后截掉它、接着编号。
+    await appendFile(file, '{"seq": 99, "kind": "trans');
+    assert.equal((await readAuditLog(file)).length, records.length);
+    reopened = await AuditLog.open(file);
+    assert.deepEqual(truncations, [completeBytes], "半行被截掉，截到最后一个换行之后");
+  } finally {
+    handleProto.truncate = originalTruncate;
+  }
   await reopened.append({ kind: "recovered", taskId: "a1", at: time.clock(), state: "completed", version: 1 });
   // 审计钩子把运行时的 recovered 事件也写成一行。
   createAuditHooks(reopened).onEvent!({ kind: "recovered", taskId: "a2", state: "running", version: 4, at: 123 });

@@ -1333,6 +1333,12 @@ test("Lab 23.2 · 长期记忆的写入审核：没有证据、证据里找不�
     // 证据查询：不认识的任务（包括原型上的名字）查不到；交回的是副本。
     assert.equal(lookup("t9", "c1"), undefined);
     assert.equal(lookup("constructor", "c1"), undefined);
+    // 只有工具结果能当证据：缺 toolCallId 的证据（模型给的 JSON 可能这样）不会对上一条同样没有 toolCallId 的 user 消息。
+    const withUser = evidenceFromMessages({ t4: [{ role: "user", content: [text("我记得 ORD-7 寄到北京")], timestamp: 1 }, result("c4", "订单 ORD-7 的收货城市是 杭州")] });
+    assert.equal(withUser("t4", undefined as unknown as string), undefined);
+    const userOnly = reviewFact({ ...fact("北京"), evidence: { taskId: "t4" } as unknown as NonNullable<MemoryFact["evidence"]> }, [], withUser);
+    assert.equal(userOnly.reason, "unsupported", "user 说过的话不是工具结果");
+    assert.equal(textOf(withUser("t4", "c4")!), "订单 ORD-7 的收货城市是 杭州");
     const copy = lookup("t1", "c1")!;
     copy.content = [];
     assert.equal(textOf(lookup("t1", "c1")!), "订单 ORD-7 的收货城市是 杭州");
@@ -1382,6 +1388,7 @@ test("Lab 23.2 · 工作记忆：窗口裁掉旧的工具结果之后，抽出�
     { key: "city", value: "杭州", source: "s2" },
   ]);
   assert.ok(Array.isArray(saved[WORKING_MEMORY_KEY]));
+  assert.deepEqual(Object.keys(saved), ["other", "workingMemory"], "笔记存在 extensions 的 workingMemory 键下（快照里看得到这个名字）");
   // 读回时只认形状对的笔记；写进去和读出来的都是副本；键不能为空。
   assert.equal(WorkingMemory.from(undefined).size, 0);
   assert.equal(WorkingMemory.from({ [WORKING_MEMORY_KEY]: { key: "a", value: 1, source: "s" } }).size, 0);
@@ -1410,13 +1417,14 @@ test("Lab 23.2 · 工作记忆：窗口裁掉旧的工具结果之后，抽出�
   assert.deepEqual(Object.keys(manual.saveTo(undefined)), [WORKING_MEMORY_KEY]);
   const patch = manual.section(7);
   assert.deepEqual(patch, { role: "system", content: "", sections: { [WORKING_MEMORY_SECTION]: manual.render() }, timestamp: 7 });
+  assert.deepEqual(Object.keys(patch.sections ?? {}), ["working_memory"], "请求里那一段叫 working_memory（模型看得到这个名字）");
   assert.ok(manual.render().split("\n")[0]!.trim() !== "", "第一行说明这是工作记忆");
   assert.deepEqual(manual.render().split("\n").slice(1), [
     '- orders（来自 s3）：["ORD-7"]',
     '- city（来自 s2）："杭州"',
     '- list（来自 s4）：["ORD-9"]',
   ]);
-  assert.ok(!new WorkingMemory().render().includes("- "), "空的工作记忆没有笔记行");
+  assert.equal(new WorkingMemory().render(), "工作记忆：暂无", "空的工作记忆只有一行，写明暂无笔记");
 
   // 从完整对话推导笔记：只看成功的结果、只看有抽取规则的工具（原型上的名字不算），来源是 toolCallId；已有的笔记保留。
   const toolResult = (toolCallId: string, toolName: string, body: string, isError = false): ToolResultMessage => ({ role: "toolResult", toolCallId, toolName, content: [text(body)], isError, timestamp: 1 });
@@ -1434,6 +1442,12 @@ test("Lab 23.2 · 工作记忆：窗口裁掉旧的工具结果之后，抽出�
   assert.equal(derived.size, 4, "已有的三条笔记也在");
   assert.equal(manual.size, 3, "推导不改动传进来的工作记忆");
   assert.deepEqual(workingMemoryOf([toolResult("k1", "query_order", "订单 ORD-7：已发货")], { query_order: () => [{ key: "order", value: 1 }] }).entries(), [{ key: "order", value: 1, source: "k1" }]);
+  // 只有工具结果交给规则：别的消息没有 toolName，哪怕有个工具恰好叫 "undefined"，user 消息也不算它的结果。
+  const asked: AgentMessage = { role: "user", content: [text("查一下 ORD-7")], timestamp: 1 };
+  assert.deepEqual(
+    workingMemoryOf([asked, toolResult("k5", "undefined", "x")], { undefined: (message) => [{ key: `from-${message.role}`, value: 1 }] }).entries(),
+    [{ key: "from-toolResult", value: 1, source: "k5" }],
+  );
   // 钩子：没有笔记时请求原样不动；有笔记时插在开头所有 system 消息之后。
   const hook = createWorkingMemoryHooks({ extractors: { query_order: (message) => [{ key: "order", value: textOf(message) }] } });
   const snapshotWith = (messages: AgentMessage[]) => ({ checkpointAt: 9, context: { messages, extensions: {} } }) as unknown as TaskSnapshot;
