@@ -165,10 +165,13 @@ test("mutate 的结果不会丢：再次运行沿用结果时报告仍存着完�
       [s.inputs, s.mutants, s.killed, s.timedOut, s.survived, s.noCoverage, s.errors, s.score, s.at]);
   }
 
-  // A fresh clone has no .mutation/: --cached prints every file's score from the summaries.
+  // A fresh clone has no .mutation/: --cached prints every file's score from the summaries, and leaves them as they are.
   await fs.remove(path.join(dir, ".mutation"));
   out = [];
+  const committed = await fs.readFile(summaryFile, "utf8");
+  assert.ok(!committed.includes('"first"'), "只测过一次的文件，摘要里没有另一次的 first");
   const fromSummary = await runMutation({ ...options, cached: true });
+  assert.equal(await fs.readFile(summaryFile, "utf8"), committed, "--cached 沿用摘要时不改写它");
   assert.deepEqual(fromSummary.map((e) => (typeof e === "string" ? e : figures(e))), measuredScores.map(figures));
   const table = out.join("\n");
   for (const s of measuredScores) {

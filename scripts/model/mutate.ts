@@ -389,7 +389,9 @@ export async function writeSummaries(scores: FileScore[], checkpoints: Checkpoin
       summary.files[s.file] = {
         key: s.inputs!, mutants: s.mutants, killed: s.killed, timedOut: s.timedOut, survived: s.survived, noCoverage: s.noCoverage,
         errors: s.errors, score: s.score, date: s.at ?? new Date().toISOString(),
-        ...(s.first ? { first: { score: s.first.score, date: s.first.at } } : {}),
+        // The first score only when it is another measurement: a file measured once has none (so that taking its
+        // score over, as --cached does, writes nothing new).
+        ...(s.first && (s.first.at !== s.at || s.first.score !== s.score) ? { first: { score: s.first.score, date: s.first.at } } : {}),
       };
     }
     const sorted: Summary = { files: Object.fromEntries(Object.entries(summary.files).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))) };
