@@ -1037,7 +1037,7 @@ test("Lab 20.3 · 同一条发送通道：并发请求排队一次一个；超�
     for (const file of ["python-kernel.js", "code-runtime.js"]) fs.copyFileSync(fileURLToPath(compiledModule(file)), path.join(nested, file));
     const moved = (await import(pathToFileURL(path.join(nested, "python-kernel.js")).href)) as { kernelProgramPath(): string };
     const beside = path.join(nested, "kernel.py");
-    const missing = path.join(copy, "src", "code-runtime", "kernel.py");
+    const missing = path.join(copy, "src/code-runtime/kernel.py");
     assert.throws(() => moved.kernelProgramPath(), { message: `找不到 Python 内核程序：${beside} 与 ${missing} 都不存在` });
     fs.writeFileSync(beside, "# 旁边的一份\n");
     assert.equal(moved.kernelProgramPath(), beside);
