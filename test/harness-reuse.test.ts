@@ -187,3 +187,60 @@ test("跨进程复用：输入里有练习目录自己的状态（.pi-course/，
   assert.equal((await here.runTests(third, [TEST])).reused, 1, "同一进程里照旧沿用");
   assert.ok(!fs.existsSync(path.join(third, "ran.txt")));
 });
+
+test("跨进程复用的认领：别的活进程正在跑的文件先放着、其余的先跑，等到它的记录就沿用；认领者死了或没留下记录就自己跑，跑完不留认领", async (t) => {
+  const shared = await fs.mkdtemp(path.join(os.tmpdir(), "pi-course-reuse-shared-"));
+  const [waits, stale, dropped] = await Promise.all([tree(), tree(), tree()]);
+  t.after(() => Promise.all([shared, waits, stale, dropped].map((dir) => fs.remove(dir))));
+  const OTHER = "packages/pi-course/dist/test/02-b.test.js";
+  for (const dir of [waits, stale, dropped]) {
+    await fs.outputFile(path.join(dir, OTHER), [
+      'import test from "node:test";',
+      'import fs from "node:fs";',
+      'test("b", () => { fs.writeFileSync(new URL("../../../../ran-b.txt", import.meta.url), ""); });',
+      "",
+    ].join("\n"));
+  }
+  // A claim held by a process that runs (it says so on stdout once it is up): the claimed file must wait for it.
+  const holder = spawn(process.execPath, ["-e", 'process.stdout.write("up\\n"); setInterval(() => {}, 1000);'], { stdio: ["ignore", "pipe", "ignore"] });
+  t.after(() => { holder.kill("SIGKILL"); });
+  await new Promise<void>((resolve) => holder.stdout.once("data", () => { resolve(); }));
+  const key = inputKey(waits, TEST, {});
+  await fs.writeFile(path.join(shared, `${key}.claim`), String(holder.pid));
+  const reuse = new TestReuse(true, { shared });
+  const running = reuse.runTests(waits, [TEST, OTHER]);
+  // The unclaimed file runs first; only then does the holder "finish": its record, then its claim removed.
+  await new Promise<void>((resolve) => {
+    const watcher = fs.watch(waits, () => { if (fs.existsSync(path.join(waits, "ran-b.txt"))) { watcher.close(); resolve(); } });
+    if (fs.existsSync(path.join(waits, "ran-b.txt"))) { watcher.close(); resolve(); }
+  });
+  assert.ok(!fs.existsSync(path.join(waits, "ran.txt")), "被别人认领的文件不该在这里启动");
+  await fs.writeFile(path.join(shared, `${key}.json`), JSON.stringify([{ name: "a", file: TEST, passed: true, error: "" }]));
+  await fs.remove(path.join(shared, `${key}.claim`));
+  const taken = await running;
+  assert.deepEqual(taken.outcomes.map((o) => [o.file, o.name, o.passed]), [[TEST, "a", true], [OTHER, "b", true]], "结果仍按给出的顺序");
+  assert.equal(taken.reused, 1);
+  assert.deepEqual([reuse.sharedFiles, reuse.ranFiles], [1, 1]);
+  assert.ok(!fs.existsSync(path.join(waits, "ran.txt")));
+
+  // A claim whose process has ended (and been reaped) is stale: taken over, the file runs here, no claim is left.
+  const gone = spawn(process.execPath, ["-e", ""], { stdio: "ignore" });
+  await new Promise((resolve) => gone.once("exit", resolve));
+  await fs.appendFile(path.join(stale, OTHER), "// 另一份输入：上面那次通过的记录不适用\n");
+  const staleKey = inputKey(stale, OTHER, {});
+  await fs.writeFile(path.join(shared, `${staleKey}.claim`), String(gone.pid));
+  const afterStale = await new TestReuse(true, { shared }).runTests(stale, [OTHER]);
+  assert.deepEqual([afterStale.reused, afterStale.outcomes.map((o) => o.passed)], [0, [true]]);
+  assert.ok(fs.existsSync(path.join(stale, "ran-b.txt")), "认领者已经不在：自己跑");
+
+  // A live holder that removes its claim without a record (its run was red): the waiting process runs the file itself.
+  await fs.outputFile(path.join(dropped, "packages/pi-course/dist/src/table.json"), '{ "answer": 43 }\n');
+  const droppedKey = inputKey(dropped, TEST, {});
+  await fs.writeFile(path.join(shared, `${droppedKey}.claim`), String(holder.pid));
+  const waiting = new TestReuse(true, { shared }).runTests(dropped, [TEST]);
+  await fs.remove(path.join(shared, `${droppedKey}.claim`));
+  const own = await waiting;
+  assert.deepEqual([own.reused, own.outcomes.map((o) => o.passed)], [0, [false]], "没有记录：自己跑，看到的是自己的红");
+  assert.ok(fs.existsSync(path.join(dropped, "ran.txt")));
+  assert.deepEqual((await fs.readdir(shared)).filter((name) => !name.endsWith(".json")), [], "跑完之后共享目录里不留认领");
+});

@@ -15,7 +15,11 @@
 // the course) records its passing test files there by input key and takes those another process already passed.
 // This runner records there too: each chapter test file it ran to a pass on the final tree, under the key of its
 // inputs taken before the run — checkpoint 24's target is the final tree, so its verify takes most of them. Those
-// chapter files therefore start first, beside the verify test. The folder is removed when the runner exits.
+// chapter files therefore start first, before the verify test: node's runner reports a file's tests only once every
+// file given before it has reported (it replays them in order), so a chapter file queued behind the verify test
+// would be known to have passed only when the whole verify had ended. The runner also claims each of them at once
+// (test-reuse.ts), so a verify that gets to one still running waits for it instead of running it a second time.
+// The folder is removed when the runner exits.
 //
 //   node --import tsx test/run.ts [--concurrency N] [file …]     (npm test passes nothing)
 // With PI_COURSE_TEST_TIMES naming a folder, every file's process records its wall and CPU time there
@@ -28,14 +32,15 @@ import fs from "node:fs";
 import { pathToFileURL } from "node:url";
 import { REPO as ROOT } from "./harness-helpers.js";
 import { type FileTime, TEST_TIMES_ENV } from "./file-times.js";
-import { SHARED_OUTCOMES_ENV, recordSharedPass, sharedKey } from "../scripts/model/test-reuse.js";
+import { SHARED_OUTCOMES_ENV, dropClaim, recordSharedPass, sharedKey, takeClaim } from "../scripts/model/test-reuse.js";
 import type { TestOutcome } from "../scripts/model/test-process.js";
 import { makeTempDir } from "../scripts/model/trees.js";
 import { removeOnExit } from "../scripts/model/cleanup.js";
 
 /**
  * The files that take longest, longest first (wall time of each file run alone on the course's 2-core machine).
- * A file missing here simply starts after these, in name order — save the chapter files (startsEarly below).
+ * A file missing here simply starts after these, in name order — save the chapter files (startsEarly below), which
+ * start before all of them.
  */
 export const LONG_FIRST = [
   "test/verify.test.ts",
@@ -63,9 +68,9 @@ export const LONG_FIRST = [
 const CHAPTER_TESTS = "packages/pi-course/dist/test/";
 
 /**
- * Chapter test files not listed in LONG_FIRST start right after its first entry (the verify test), before its
- * others: checkpoint 24's verify takes their passes from this run (see the header), so they should be done before
- * it gets to them. They are short (a few seconds each).
+ * Chapter test files not listed in LONG_FIRST start first of all, before LONG_FIRST's first entry (the verify test):
+ * checkpoint 24's verify takes their passes from this run (see the header), so they should be done and reported
+ * before it gets to them. They are short (a few seconds each; about 35 s together on two cores).
  */
 export function startsEarly(file: string): boolean {
   return file.startsWith(CHAPTER_TESTS) && !LONG_FIRST.includes(file);
@@ -77,12 +82,11 @@ export function testFiles(): string[] {
   return [...list("test", ".test.ts"), ...list("packages/pi-course/dist/test", ".test.js")];
 }
 
-/** LONG_FIRST's first entry, the chapter files that start early, LONG_FIRST's others, then the rest; each in name order. */
+/** The chapter files that start early (name order), then LONG_FIRST in its order, then the rest in name order. */
 export function ordered(files: string[]): string[] {
   const rank = (file: string): number => {
-    const at = LONG_FIRST.indexOf(file);
-    if (at === 0) return -2;
     if (startsEarly(file)) return -1;
+    const at = LONG_FIRST.indexOf(file);
     return at < 0 ? LONG_FIRST.length : at;
   };
   return files.map((file, index) => ({ file, index })).sort((a, b) => rank(a.file) - rank(b.file) || a.index - b.index).map((x) => x.file);
@@ -118,7 +122,13 @@ export function runAll(files: string[], concurrency: number, shared?: string, ro
   if (shared !== undefined) {
     for (const file of files.map((f) => path.relative(root, path.resolve(root, f)))) {
       const key = file.startsWith(CHAPTER_TESTS) ? sharedKey(root, file) : undefined;
-      if (key !== undefined) keys.set(path.resolve(root, file), { file, key });
+      if (key === undefined) continue;
+      // Claimed at once for the whole run (test-reuse.ts): a verify that meets one of these files runs its others
+      // first and then waits for this runner's record. Waiting cannot block the run: the verify test takes one of
+      // the `concurrency` slots, the chapter files start before every other file (ordered()), so they always have
+      // a slot. With one slot they would not, and nothing is claimed.
+      if (concurrency > 1) takeClaim(shared, key);
+      keys.set(path.resolve(root, file), { file, key });
     }
   }
   const stream = run({ files: files.map((file) => path.resolve(root, file)), concurrency });
@@ -127,8 +137,9 @@ export function runAll(files: string[], concurrency: number, shared?: string, ro
   // What verify's test process reports for a file (test-process.ts): one outcome per finished top-level test. node's
   // runner tells at once when a file's process has ended (test:complete for the file itself, with passed = exit
   // code 0), but it replays each file's own events in the order the files were given, one file after another: a
-  // file's list is whole only when a file after it has begun to report, or the stream has ended. Then it is recorded
-  // if its process passed and none of its tests failed.
+  // file's list is whole only when a file after it has begun to report (any event of one of its tests, the first
+  // being a dequeue as that test starts), or the stream has ended. Then it is recorded if its process passed and
+  // none of its tests failed; either way the claim on it goes.
   const order = files.map((file) => path.resolve(root, file));
   const passes = new Map<string, TestOutcome[]>();
   const failed = new Set<string>();
@@ -139,6 +150,7 @@ export function runAll(files: string[], concurrency: number, shared?: string, ro
       const file = order[whole]!;
       const known = keys.get(file);
       if (known && passedFiles.has(file) && !failed.has(file)) recordSharedPass(shared!, known.key, passes.get(file) ?? []);
+      if (known) dropClaim(shared!, known.key);
     }
   };
   const reported = (file: string | undefined): void => {
@@ -150,6 +162,9 @@ export function runAll(files: string[], concurrency: number, shared?: string, ro
     failed.add(data.file);
     if (data.name !== data.file) reported(data.file);
   });
+  for (const event of ["test:enqueue", "test:dequeue"] as const) {
+    stream.on(event, (data) => { if (data.file !== undefined && data.name !== data.file) reported(data.file); });
+  }
   stream.on("test:pass", (data) => {
     if (data.file === undefined || data.name === data.file) return;
     reported(data.file);
@@ -163,6 +178,8 @@ export function runAll(files: string[], concurrency: number, shared?: string, ro
     if (data.file !== undefined && data.nesting === 0 && data.name === data.file && data.details.passed) passedFiles.add(data.file);
   });
   stream.on("end", () => { flush(order.length); });
+  // Whatever ends the runner, its claims must not make another process wait (a dead holder's claim is stale anyway).
+  if (shared !== undefined) process.on("exit", () => { for (const { key } of keys.values()) dropClaim(shared, key); });
   // node --test's own choice of reporter: spec on a terminal, TAP otherwise.
   stream.compose(process.stdout.isTTY ? new spec() : tap).pipe(process.stdout);
 }

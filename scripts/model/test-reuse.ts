@@ -28,12 +28,21 @@
 // a reader never sees half of one. A run whose inputs include a practice folder's own state (.pi-course/, which the
 // harness rewrites as it goes: fault records, progress) is kept to its own process: that folder's name is also
 // what chapter 24's CLI reads its models.json from, so such a key says less than it seems to.
+//
+// A file one process is running, another should not run beside it: the runner (test/run.ts) runs every chapter file
+// on the final tree while verify's checkpoint 24 — the same tree, so mostly the same keys — starts at the same
+// moment. Whoever starts a shareable file first leaves a claim next to the records (`<key>.claim`, holding its pid)
+// and removes it once the pass is written (or the file failed). Another process that meets a claim runs its other
+// files first and then waits for that one: for the record, or for the claim to go (a failure, or a holder that
+// died — a claim whose pid no longer runs is stale), and then runs it itself. Claims only save work: two processes
+// that both run a file (a claim lost between reading and taking it) write the same whole record.
 import crypto from "node:crypto";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { type TestOutcome, type TestProcessOptions, runTests } from "./tests.js";
 import { STATE_DIR } from "./practice-state.js";
+import { processAlive } from "./pid.js";
 
 /** The environment variable that names the folder where the processes of one `npm test` share their passing runs. */
 export const SHARED_OUTCOMES_ENV = "PI_COURSE_SHARED_OUTCOMES";
@@ -176,6 +185,78 @@ function writeShared(dir: string, key: string, outcomes: TestOutcome[]): void {
   }
 }
 
+/** Where the claim on `key` lives in the shared folder `dir`. */
+function claimFile(dir: string, key: string): string {
+  return path.join(dir, `${key}.claim`);
+}
+
+/**
+ * Claims `key` in `dir` for this process: true when the claim is now ours (made here, or it was ours already), false
+ * when a running process holds it. A claim whose holder no longer runs is removed and taken over.
+ */
+export function takeClaim(dir: string, key: string): boolean {
+  const file = claimFile(dir, key);
+  for (let attempt = 0; attempt < 2; attempt += 1) {
+    try {
+      fs.writeFileSync(file, String(process.pid), { flag: "wx" });
+      return true;
+    } catch (error) {
+      const code = (error as NodeJS.ErrnoException).code;
+      if (code !== "EEXIST") return true; // the folder went away: nobody can claim anything, run it
+    }
+    const holder = claimHolder(dir, key);
+    if (holder === process.pid) return true;
+    if (holder !== undefined && processAlive(holder)) return false;
+    fs.rmSync(file, { force: true });
+  }
+  return false;
+}
+
+/** The pid in the claim on `key`, or undefined when there is no claim (or it cannot be read whole yet). */
+function claimHolder(dir: string, key: string): number | undefined {
+  try {
+    const pid = Number(fs.readFileSync(claimFile(dir, key), "utf8"));
+    return Number.isInteger(pid) && pid > 0 ? pid : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/** Removes this process's claim on `key` (another process's claim is left alone). */
+export function dropClaim(dir: string, key: string): void {
+  if (claimHolder(dir, key) === process.pid) fs.rmSync(claimFile(dir, key), { force: true });
+}
+
+/**
+ * Resolves once the claim on `key` is gone or its holder no longer runs. Woken by the folder's change events; a
+ * holder that dies without removing its claim changes nothing in the folder, so its liveness is also looked at
+ * every second.
+ */
+function claimSettled(dir: string, key: string): Promise<void> {
+  const settled = (): boolean => {
+    const holder = claimHolder(dir, key);
+    return holder === undefined ? !fs.existsSync(claimFile(dir, key)) || fs.existsSync(path.join(dir, `${key}.json`)) : !processAlive(holder);
+  };
+  if (settled()) return Promise.resolve();
+  return new Promise<void>((resolve) => {
+    let watcher: fs.FSWatcher | undefined;
+    const check = (): void => {
+      if (!settled()) return;
+      clearInterval(timer);
+      watcher?.close();
+      resolve();
+    };
+    const timer = setInterval(check, 1000);
+    try {
+      watcher = fs.watch(dir, check);
+      watcher.on("error", check);
+    } catch {
+      // No watcher (the folder went away): the interval still ends the wait.
+    }
+    check();
+  });
+}
+
 /** runTests() through `reuse` when there is one (verify), plainly otherwise (a learner's own command). */
 export async function runTestsWith(reuse: TestReuse | undefined, root: string, files: string[], options: TestProcessOptions = {}): Promise<TestOutcome[]> {
   return reuse ? (await reuse.runTests(root, files, options)).outcomes : runTests(root, files, options);
@@ -215,19 +296,26 @@ export class TestReuse {
     const found = files.map((file) => keyed(root, file, options, hashes));
     const results: TestOutcome[][] = new Array(files.length);
     let reused = 0;
-    const one = async (index: number): Promise<void> => {
+    const shared = this.shared;
+    /** Runs (or takes) files[index]; false, without doing either, when another process holds its claim and `wait` is not set. */
+    const one = async (index: number, wait: boolean): Promise<boolean> => {
       const file = files[index]!;
       const { key, shareable } = found[index]!;
-      for (let flight = this.#running.get(key); flight; flight = this.#running.get(key)) await flight;
-      let known = this.#passed.get(key);
-      if (!known && shareable && this.shared !== undefined) {
-        known = readShared(this.shared, key, file);
-        if (known) { this.#passed.set(key, known); this.sharedFiles += 1; }
-      }
-      if (known) {
-        reused += 1;
-        results[index] = known;
-        return;
+      for (;;) {
+        for (let flight = this.#running.get(key); flight; flight = this.#running.get(key)) await flight;
+        let known = this.#passed.get(key);
+        if (!known && shareable && shared !== undefined) {
+          known = readShared(shared, key, file);
+          if (known) { this.#passed.set(key, known); this.sharedFiles += 1; }
+        }
+        if (known) {
+          reused += 1;
+          results[index] = known;
+          return true;
+        }
+        if (!shareable || shared === undefined || takeClaim(shared, key)) break;
+        if (!wait) return false;
+        await claimSettled(shared, key);
       }
       let finished: () => void = () => {};
       this.#running.set(key, new Promise<void>((resolve) => { finished = resolve; }));
@@ -235,19 +323,27 @@ export class TestReuse {
         const mine = await runTests(root, [file], options);
         if (mine.length > 0 && mine.every((o) => o.passed)) {
           this.#passed.set(key, mine);
-          if (shareable && this.shared !== undefined) writeShared(this.shared, key, mine);
+          if (shareable && shared !== undefined) writeShared(shared, key, mine);
         }
         results[index] = mine;
       } finally {
+        if (shareable && shared !== undefined) dropClaim(shared, key);
         this.#running.delete(key);
         finished();
       }
       this.ranFiles += 1;
+      return true;
     };
-    // As runTests() itself does: files in parallel on all but one core.
+    // As runTests() itself does: files in parallel on all but one core. A file another process is running waits
+    // until the files nobody runs are done.
     let next = 0;
+    const claimedElsewhere: number[] = [];
     const lane = async (): Promise<void> => {
-      while (next < files.length) await one(next++);
+      while (next < files.length) {
+        const index = next++;
+        if (!(await one(index, false))) claimedElsewhere.push(index);
+      }
+      while (claimedElsewhere.length > 0) await one(claimedElsewhere.shift()!, true);
     };
     await Promise.all(Array.from({ length: Math.max(1, Math.min(files.length, os.availableParallelism() - 1)) }, lane));
     this.reusedFiles += reused;
