@@ -62,7 +62,10 @@ function serve(dir: string): Promise<{ origin: string; missing: string[]; close:
       res.writeHead(404, { "content-type": "text/plain" }).end("not found");
       return;
     }
-    res.writeHead(200, { "content-type": types[path.extname(file)] ?? "application/octet-stream" });
+    // VitePress names its bundles by content hash (assets/…): served as a host should, cached for good, so each page
+    // load does not fetch and compile the same theme and mermaid code again. Pages themselves are always fetched.
+    const cache = url.startsWith("/assets/") ? { "cache-control": "public, max-age=31536000, immutable" } : { "cache-control": "no-cache" };
+    res.writeHead(200, { "content-type": types[path.extname(file)] ?? "application/octet-stream", ...cache });
     fs.createReadStream(file).pipe(res);
   });
   return new Promise((resolve) => server.listen(0, "127.0.0.1", () => resolve({
