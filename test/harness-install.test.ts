@@ -12,6 +12,17 @@ import { REPO, course, git, realChapter, run, tempDir } from "./harness-helpers.
 const checkpoints = loadCheckpoints();
 const chapter = realChapter(checkpoints);
 let scratch: string;
+let practiceMade: Promise<string> | undefined;
+
+/** The practice folder both tests use (the first only reads its package.json): `practice` runs once. */
+function practiceFolder(): Promise<string> {
+  return (practiceMade ??= (async () => {
+    const dir = path.join(scratch, "p");
+    const made = await course(REPO, "practice", [chapter.id, dir]);
+    assert.equal(made.code, 0, made.stderr);
+    return dir;
+  })());
+}
 
 before(async () => {
   await ensureHistory(checkpoints);
@@ -49,18 +60,14 @@ function assertQuiet(label: string, result: Awaited<ReturnType<typeof run>>): vo
 test("package.json 明确决定了 esbuild 的 postinstall（allowScripts），练习目录带着同一个决定", async () => {
   const root = JSON.parse(await fs.readFile(path.join(REPO, "package.json"), "utf8")) as { allowScripts?: Record<string, unknown> };
   assert.equal(root.allowScripts?.esbuild, false);
-  const made = await course(REPO, "practice", [chapter.id, path.join(scratch, "decided")]);
-  assert.equal(made.code, 0, made.stderr);
-  const given = JSON.parse(await fs.readFile(path.join(scratch, "decided", "package.json"), "utf8")) as typeof root;
+  const given = JSON.parse(await fs.readFile(path.join(await practiceFolder(), "package.json"), "utf8")) as typeof root;
   assert.deepEqual(given.allowScripts, root.allowScripts);
 });
 
 test("新克隆上运行 README 的 npm install，以及练习目录里的 npm install：工作区保持干净，不打印安装脚本警告", async () => {
   const clone = path.join(scratch, "clone");
   await freshClone(clone);
-  const practice = path.join(scratch, "p");
-  const made = await course(REPO, "practice", [chapter.id, practice]);
-  assert.equal(made.code, 0, made.stderr);
+  const practice = await practiceFolder();
 
   const [inClone, inPractice] = await Promise.all([install(clone), install(practice)]);
   assertQuiet("课程仓库", inClone);

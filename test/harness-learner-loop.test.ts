@@ -42,6 +42,22 @@ async function practiceFolder(options: { green?: boolean; install?: boolean } = 
   return dir;
 }
 
+let redFolder: Promise<string> | undefined;
+/**
+ * One red, installed practice folder shared by the tests that only read it or put back what they changed (the wrong
+ * places, the terminal, a partly deleted dist/, the root scripts): each `practice` costs a harness start, a commit
+ * and a first build. Tests that change the folder for good make their own.
+ */
+function sharedRedFolder(): Promise<string> {
+  return (redFolder ??= practiceFolder());
+}
+
+let greenFolder: Promise<string> | undefined;
+/** One green practice folder: progress reads it before the fault exercise, then the fault test runs the fault in it. */
+function sharedGreenFolder(): Promise<string> {
+  return (greenFolder ??= practiceFolder({ green: true }));
+}
+
 /** Runs a program under a pseudo-terminal (python3's pty), as a learner's shell runs it; stdout and stderr merged. */
 async function inTerminal(cwd: string, args: string[], env: Record<string, string> = {}): Promise<{ code: number | null; output: string }> {
   const driver = [
@@ -92,6 +108,9 @@ test("课程仓库里运行 lab：第一行和最后一行都说明这是课程�
   const parent = path.join(scratch, "root-banner");
   const copy = path.join(parent, "course");
   await copyCourse(copy);
+  // The copy's content is the repository's, so the teaching history built from it is the repository's too: take it
+  // instead of rebuilding it (this test is about the banner; rebuilding .history is harness-history's subject).
+  await fs.copy(at(REPO, ".history"), path.join(copy, ".history"));
   const without = await course(copy, "lab", [`${n}.1`]);
   assert.equal(without.code, 0, `${without.stdout}\n${without.stderr}`);
   const expectNone = `这里是课程仓库：下面跑的是课程自己的答案，不是你的代码。还没有第 ${chapter.id} 章的练习目录，先建一个：npm run practice -w @pi/course -- ${chapter.id} ../pi-practice-${chapter.id}`;
@@ -119,7 +138,7 @@ test("课程仓库里运行 lab：第一行和最后一行都说明这是课程�
 });
 
 test("练习目录里的错地方：别的章节的 lab、课程仓库专用的命令，都说出正确的地方和下一条命令", async () => {
-  const dir = await practiceFolder();
+  const dir = await sharedRedFolder();
   const later = await course(dir, "lab", ["13.1"]);
   assert.equal(later.code, 2);
   assert.deepEqual(lines(later.stderr), [
@@ -269,7 +288,7 @@ test("依赖的红灯：Lab 9.3 的测试因 Lab 9.2 的脚手架标签失败时
 });
 
 test("终端里红灯的 lab 以 harness 自己的一行结束（没有 npm 的错误块），CI=true 或 --strict 时仍以非零退出", async () => {
-  const dir = await practiceFolder();
+  const dir = await sharedRedFolder();
   const learner = await inTerminal(dir, ["npm", "run", "lab", "-w", "@pi/course", "--", `${n}.1`]);
   assert.equal(learner.code, 0, learner.output);
   assert.doesNotMatch(learner.output, /npm error/);
@@ -283,8 +302,23 @@ test("终端里红灯的 lab 以 harness 自己的一行结束（没有 npm 的�
   assert.notEqual(strict.code, 0, strict.output);
 });
 
+function faultCommandLine(): string {
+  return `npm run fault -w @pi/course -- ${chapter.id} ${fault.id}`;
+}
+
+// Runs before the fault test below, in the same green folder: there the fault exercise has not been done yet.
+test("progress 在故障练习之前指向同样的 fault 命令（与 lab 共用一个函数）", async () => {
+  const dir = await sharedGreenFolder();
+  const progress = await course(dir, "progress", []);
+  assert.equal(progress.code, 0, progress.stderr);
+  const shown = lines(progress.stdout);
+  assert.ok(shown.includes("下一步：故障练习（GUIDE.md「故障练习」），在这里运行："), shown.join("\n"));
+  assert.ok(shown.some((line) => line.trim().startsWith(faultCommandLine())), shown.join("\n"));
+  assert.ok(!shown.some((line) => line.includes("下一步：做 GUIDE.md 里的故障练习")), shown.join("\n"));
+});
+
 test("全章变绿后 lab 指向故障练习和验收问题；做过故障练习后，验收记录里有那一行 fault", async () => {
-  const dir = await practiceFolder({ green: true });
+  const dir = await sharedGreenFolder();
   const total = totalTests(chapter);
   const first = lines((await course(dir, "lab", [String(n)])).stdout);
   const at0 = first.indexOf(`chapter total: ${total}/${total}`);
@@ -316,22 +350,8 @@ test("全章变绿后 lab 指向故障练习和验收问题；做过故障练习
   assert.ok(lines(one.stdout).includes(`Lab ${n}.1 全部通过。下一步：Lab ${next}，运行 npm run lab -w @pi/course -- ${next}（或整章：npm run lab -w @pi/course -- ${n}）`), one.stdout);
 });
 
-function faultCommandLine(): string {
-  return `npm run fault -w @pi/course -- ${chapter.id} ${fault.id}`;
-}
-
-test("progress 在故障练习之前指向同样的 fault 命令（与 lab 共用一个函数）", async () => {
-  const dir = await practiceFolder({ green: true });
-  const progress = await course(dir, "progress", []);
-  assert.equal(progress.code, 0, progress.stderr);
-  const shown = lines(progress.stdout);
-  assert.ok(shown.includes("下一步：故障练习（GUIDE.md「故障练习」），在这里运行："), shown.join("\n"));
-  assert.ok(shown.some((line) => line.trim().startsWith(faultCommandLine())), shown.join("\n"));
-  assert.ok(!shown.some((line) => line.includes("下一步：做 GUIDE.md 里的故障练习")), shown.join("\n"));
-});
-
 test("dist/ 被删掉一部分：lab 发现编译产物不全，清掉增量记录重新构建，而不是报 Cannot find module", async () => {
-  const dir = await practiceFolder();
+  const dir = await sharedRedFolder();
   const first = await course(dir, "lab", [`${n}.1`]);
   assert.match(first.stdout, new RegExp(`Lab ${n}\\.1: 0/`), first.stdout + first.stderr);
   const compiled = at(dir, chapter.teachingFiles[0]!.replace("packages/pi-course/src/", "packages/pi-course/dist/src/").replace(/\.ts$/, ".js"));
@@ -347,10 +367,9 @@ test("dist/ 被删掉一部分：lab 发现编译产物不全，清掉增量记�
 });
 
 test("练习目录根目录里不带 -w 的 npm run reset / fault / hint / progress 与课程仓库一样可用（不是 npm 的 Missing script）", async () => {
-  const dir = await practiceFolder({ install: false });
+  const dir = await sharedRedFolder();
   const scripts = (JSON.parse(await fs.readFile(path.join(dir, "package.json"), "utf8")) as { scripts: Record<string, string> }).scripts;
   for (const name of ["build", "lab", "hint", "progress", "fault", "reset", "checkpoint", "practice", "verify"]) assert.ok(scripts[name], `缺少根脚本 ${name}`);
-  await linkNodeModules(dir);
   const reset = await run("npm", ["run", "reset", "--", `${n}.1`], { cwd: dir });
   assert.doesNotMatch(reset.stderr, /Missing script/);
   assert.match(reset.stderr, /^没有要恢复的：Lab /);
