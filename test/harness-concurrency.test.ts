@@ -82,7 +82,7 @@ test("两条 practice 同时写同一个目录：恰好一条成功，另一条�
 test("构建历史的进程被 SIGKILL：留下的锁属于已退出的进程，下一条命令接管它、建好历史，什么也不留下", async () => {
   const copy = path.join(scratch, "killed-build");
   await copyCourse(copy);
-  const child = spawn(process.execPath, ["--import", "tsx", "scripts/history.ts"], {
+  const child = spawn(process.execPath, ["scripts/launch.js", "history"], {
     cwd: copy, stdio: ["ignore", "pipe", "pipe"], env: learnerEnv({ INIT_CWD: copy }),
   });
   const done = collect(child);

@@ -6,8 +6,8 @@ import { spawn } from "node:child_process";
 import path from "node:path";
 import fs from "fs-extra";
 import { loadCheckpoints } from "../scripts/model/manifest.js";
-import { BASE_EPOCH, BASE_SUBJECT, commitEpoch } from "../scripts/model/history.js";
-import { at, collect, copyCourse, git, learnerEnv, lines, realChapter, run, tempDir, waitFor } from "./harness-helpers.js";
+import { BASE_EPOCH, BASE_SUBJECT, commitEpoch, ensureHistory } from "../scripts/model/history.js";
+import { REPO, at, collect, copyCourse, git, learnerEnv, lines, realChapter, run, tempDir, waitFor } from "./harness-helpers.js";
 
 const checkpoints = loadCheckpoints();
 const chapter = realChapter(checkpoints);
@@ -24,7 +24,7 @@ interface Built { base: string; chapters: string[]; log: string[]; tags: string[
 
 /** Builds the history of a copy from a shell with its own umask, time zone and git identity, then reads it back. */
 async function buildIn(dir: string, umask: string, env: Record<string, string>): Promise<Built> {
-  const result = await run("sh", ["-c", `umask ${umask} && exec "$0" --import tsx scripts/history.ts`, process.execPath], {
+  const result = await run("sh", ["-c", `umask ${umask} && exec "$0" scripts/launch.js history`, process.execPath], {
     cwd: dir, env: { INIT_CWD: dir, ...env },
   });
   assert.equal(result.code, 0, `${result.stdout}\n${result.stderr}`);
@@ -86,20 +86,24 @@ test("确定性：两份副本在不同 TZ、umask 与 git 身份下构建出相
 test("history --check：清单的固定值被改动时退出码为 1，并提示 npm run history -- --pin", async () => {
   const copy = path.join(scratch, "check");
   await copyCourse(copy);
+  // The copy's content is the checkout's, so the checkout's current history is the copy's too (its fingerprint
+  // covers the content, not the pins): --check compares the pins with it instead of building the same one again.
+  await ensureHistory(checkpoints);
+  await fs.copy(at(REPO, ".history"), at(copy, ".history"));
   const file = at(copy, `checkpoints/${chapter.folder}/checkpoint.json`);
   const raw = JSON.parse(await fs.readFile(file, "utf8")) as { pins: { parent: string; target: string } };
   const wrong = raw.pins.target.replace(/^./, (ch) => (ch === "0" ? "1" : "0"));
   raw.pins.target = wrong;
   await fs.writeFile(file, `${JSON.stringify(raw, null, 2)}\n`);
 
-  const result = await run(process.execPath, ["--import", "tsx", "scripts/history.ts", "--check"], { cwd: copy, env: { INIT_CWD: copy } });
+  const result = await run(process.execPath, ["scripts/launch.js", "history", "--check"], { cwd: copy, env: { INIT_CWD: copy } });
   assert.equal(result.code, 1, `${result.stdout}\n${result.stderr}`);
   assert.ok(result.stdout.includes("npm run history -- --pin"), result.stdout);
   assert.match(result.stdout, new RegExp(`清单里的固定值与历史不一致：checkpoint ${chapter.id}。`));
   assert.equal(JSON.parse(await fs.readFile(file, "utf8")).pins.target, wrong, "--check 不应改写清单");
 
   // Without --check the same state is reported but is not an error.
-  const plain = await run(process.execPath, ["--import", "tsx", "scripts/history.ts"], { cwd: copy, env: { INIT_CWD: copy } });
+  const plain = await run(process.execPath, ["scripts/launch.js", "history"], { cwd: copy, env: { INIT_CWD: copy } });
   assert.equal(plain.code, 0, plain.stderr);
   assert.ok(plain.stdout.includes("npm run history -- --pin"));
 });
@@ -107,7 +111,7 @@ test("history --check：清单的固定值被改动时退出码为 1，并提示
 test("构建历史时按 Ctrl-C：.history 不会半成品地出现，残留的 .history.building-<pid> 在下一次运行时清掉", async () => {
   const copy = path.join(scratch, "interrupted");
   await copyCourse(copy);
-  const child = spawn(process.execPath, ["--import", "tsx", "scripts/history.ts"], {
+  const child = spawn(process.execPath, ["scripts/launch.js", "history"], {
     cwd: copy, detached: true, stdio: ["ignore", "pipe", "pipe"], env: learnerEnv({ INIT_CWD: copy }),
   });
   const done = collect(child);
@@ -121,7 +125,7 @@ test("构建历史时按 Ctrl-C：.history 不会半成品地出现，残留的 
   assert.notEqual(interrupted.code, 0, interrupted.stdout);
   assert.equal(fs.existsSync(path.join(copy, ".history")), false, "被打断的构建不应留下 .history");
 
-  const next = await run(process.execPath, ["--import", "tsx", "scripts/history.ts"], { cwd: copy, env: { INIT_CWD: copy } });
+  const next = await run(process.execPath, ["scripts/launch.js", "history"], { cwd: copy, env: { INIT_CWD: copy } });
   assert.equal(next.code, 0, next.stderr);
   assert.deepEqual(building(), [], "残留的半成品应被清掉");
   assert.equal((await git(path.join(copy, ".history"), ["rev-parse", `course/${chapter.id}^{commit}`])).trim(), chapter.pins.target);

@@ -20,21 +20,27 @@ const fault = chapter.faults[0]!;
 const n = Number(chapter.id);
 let scratch: string;
 let count = 0;
+/** One practice folder made by the harness's own `practice` command; each test works on a copy of it. */
+let template: string;
 
 before(async () => {
   await ensureHistory(checkpoints);
   scratch = await tempDir("practice-fault");
+  const created = await course(REPO, "practice", [chapter.id, "template"], { caller: scratch });
+  assert.equal(created.code, 0, created.stderr);
+  template = path.join(scratch, "template");
 });
 after(async () => {
   await fs.remove(scratch);
 });
 
-/** A practice folder of the real chapter; `green` puts the target's teaching files in, as a learner who finished. */
+/**
+ * A practice folder of the real chapter: a copy (its git repository included) of the one the `practice` command made
+ * in before(), so each test starts from a fresh folder; `green` puts the target's teaching files in, as a learner who finished.
+ */
 async function practiceFolder(green: boolean): Promise<string> {
-  const name = `p${(count += 1)}`;
-  const created = await course(REPO, "practice", [chapter.id, name], { caller: scratch });
-  assert.equal(created.code, 0, created.stderr);
-  const dir = path.join(scratch, name);
+  const dir = path.join(scratch, `p${(count += 1)}`);
+  await fs.copy(template, dir);
   await linkNodeModules(dir);
   if (green) {
     for (const file of chapter.teachingFiles) {
@@ -96,7 +102,8 @@ test("练习目录里 fault 别的章节：说明这个目录属于哪一章，�
 
 /** Starts `fault` in `dir`, holding the mutation on disk; resolves once the learner's file is mutated. */
 async function heldFault(dir: string): Promise<{ child: ReturnType<typeof spawn>; done: ReturnType<typeof collect> }> {
-  const child = spawn(process.execPath, ["--import", "tsx", path.join(dir, "scripts", "fault.ts"), chapter.id, fault.id], {
+  // What `npm run fault` runs: the launcher, which runs the compiled harness in this same process (the pid signalled below).
+  const child = spawn(process.execPath, [path.join(dir, "scripts", "launch.js"), "fault", chapter.id, fault.id], {
     cwd: at(dir, "packages/pi-course"), detached: true, stdio: ["ignore", "pipe", "pipe"],
     env: learnerEnv({ INIT_CWD: dir, PI_COURSE_FAULT_PAUSE_MS: "60000" }),
   });
@@ -174,7 +181,7 @@ const NO_REAP = [
 test("fault 被 SIGKILL 后还是僵尸进程（父进程没收尸）：下一次 lab 仍把它当作已结束，恢复文件并且全绿", async () => {
   const dir = await practiceFolder(true);
   const original = await fs.readFile(at(dir, fault.file), "utf8");
-  const parent = spawn("python3", ["-c", NO_REAP, process.execPath, "--import", "tsx", path.join(dir, "scripts", "fault.ts"), chapter.id, fault.id], {
+  const parent = spawn("python3", ["-c", NO_REAP, process.execPath, path.join(dir, "scripts", "launch.js"), "fault", chapter.id, fault.id], {
     cwd: at(dir, "packages/pi-course"), stdio: ["pipe", "pipe", "pipe"],
     env: learnerEnv({ INIT_CWD: dir, PI_COURSE_FAULT_PAUSE_MS: "60000" }),
   });
