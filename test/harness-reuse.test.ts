@@ -46,6 +46,7 @@ test("复用记录的输入：测试文件、沿相对 import 递归到的模块
   assert.deepEqual(testInputs(root, TEST), {
     files: ["packages/pi-course/dist/src/a.js", "packages/pi-course/dist/src/b.js", "packages/pi-course/dist/src/table.json", TEST],
     wholeTree: false,
+    reached: ["packages/pi-course/dist/src/a.js", "packages/pi-course/dist/src/b.js", "packages/pi-course/dist/src/table.json", TEST],
   });
   // A file that asks for the working folder may read anything in it: every file of the tree becomes an input.
   await fs.appendFile(path.join(root, "packages/pi-course/dist/src/b.js"), "export const here = process.cwd();\n");
@@ -53,6 +54,8 @@ test("复用记录的输入：测试文件、沿相对 import 递归到的模块
   assert.equal(whole.wholeTree, true);
   assert.ok(whole.files.includes("README.md") && whole.files.includes("packages/pi-course/dist/src/unrelated.js"));
   assert.ok(!whole.files.some((file) => file.startsWith("node_modules")));
+  assert.deepEqual(whole.reached, [...new Set(["packages/pi-course/dist/src/a.js", "packages/pi-course/dist/src/b.js", "packages/pi-course/dist/src/table.json", TEST])].sort(),
+    "reached 仍是 import 与路径字面量够到的那些文件");
 });
 
 test("复用记录的输入：按自身位置往上走时经过的目录（含测试文件本身的目录）不整个算进来，其下点名的目录照算", async (t) => {

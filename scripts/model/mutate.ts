@@ -7,6 +7,7 @@
 // longer has. Its tsconfig preprocessor runs whenever the file `tsconfigFile` names exists, so that option names a
 // file that does not. Type errors a mutant makes do not matter: every mutated file gets `// @ts-nocheck` and tsc
 // still emits.
+import { execFileSync } from "node:child_process";
 import crypto from "node:crypto";
 import path from "node:path";
 import fs from "fs-extra";
@@ -15,7 +16,7 @@ import { CourseError } from "./cli.js";
 import { type Checkpoint, totalTests } from "./manifest.js";
 import { PACKAGE_DIR, ROOT, inTree } from "./paths.js";
 import { compiledTest, findTsc } from "./tests.js";
-import { inputKey } from "./test-reuse.js";
+import { type TestInputs, inputKey, testInputs } from "./test-reuse.js";
 
 export type StrykerOptions = ConstructorParameters<typeof Stryker>[0];
 export type MutantResult = Awaited<ReturnType<Stryker["runMutationTest"]>>[number];
@@ -178,8 +179,45 @@ export function mutationKey(root: string, target: MutationTarget, hashes = new M
   const stryker = path.join(root, "node_modules", "@stryker-mutator", "core", "package.json");
   hash.update(`${KEY_VERSION}\n${fs.existsSync(stryker) ? (fs.readJsonSync(stryker) as { version: string }).version : "-"}\n`);
   hash.update(`${target.file}\n${target.expectedTests}\n`).update(fs.readFileSync(inTree(root, target.file)));
-  for (const test of target.tests) hash.update(`\n${test}\0${inputKey(root, test, {}, hashes)}`);
+  for (const test of target.tests) {
+    const inputs = testInputs(root, test);
+    if (!inputs.wholeTree) {
+      hash.update(`\n${test}\0${inputKey(root, test, {}, hashes)}`);
+      continue;
+    }
+    hash.update(`\n${test}\0`);
+    for (const file of judgedFiles(root, inputs)) hash.update(`${file}\0${contentHash(root, file, hashes)}\n`);
+  }
   return hash.digest("hex").slice(0, 32);
+}
+
+/**
+ * The inputs of a judging test that calls `process.cwd()` (chapter 24's CLI does): for verify's reuse within one run
+ * that test reads the whole tree (test-reuse.ts), but a key that is committed must be checkable from a clone, and
+ * the whole tree holds what a clone never has (the reports in .mutation/, the built site, .history/, practice state)
+ * and what changes with every later commit that no test reads (guides, notes, this very mutants.md). The tests run
+ * the CLI in temporary folders of their own; what they can read is the package. So here the whole tree becomes the
+ * files git tracks below packages/pi-course, beside every file the test reaches (its imports and the paths it
+ * names, built output included). Outside a git checkout it stays the whole tree.
+ */
+function judgedFiles(root: string, inputs: TestInputs): string[] {
+  let tracked: string[];
+  try {
+    tracked = execFileSync("git", ["ls-files", "-z", "--", PACKAGE_DIR], { cwd: root, encoding: "utf8", stdio: ["ignore", "pipe", "ignore"] })
+      .split("\0").filter((file) => file !== "" && fs.existsSync(path.join(root, file)));
+  } catch {
+    return inputs.files;
+  }
+  return [...new Set([...inputs.reached, ...tracked.map((file) => file.split("/").join(path.sep))])].sort();
+}
+
+function contentHash(root: string, file: string, hashes: Map<string, string>): string {
+  let digest = hashes.get(file);
+  if (digest === undefined) {
+    digest = crypto.createHash("sha256").update(fs.readFileSync(path.join(root, file))).digest("hex");
+    hashes.set(file, digest);
+  }
+  return digest;
 }
 
 /** One line of source text for a report: whitespace collapsed, long text cut in the middle. */

@@ -53,7 +53,8 @@ const RELATIVE_IMPORT = /(?:\bfrom\s*|\bimport\s*\(?\s*)(["'])(\.{1,2}\/[^"']+)\
 const CODE = /\.(?:m|c)?js$/;
 const SKIPPED = new Set(["node_modules", ".git"]);
 
-export interface TestInputs { files: string[]; wholeTree: boolean }
+/** `files`: every input; `reached`: the same without the whole tree a `process.cwd()` call adds (equal when there is none). */
+export interface TestInputs { files: string[]; wholeTree: boolean; reached: string[] }
 
 /** Every file below `dir` (repository-relative to `root`), without node_modules. */
 function filesBelow(root: string, dir: string): string[] {
@@ -117,8 +118,9 @@ export function testInputs(root: string, testFile: string): TestInputs {
       }
     }
   }
+  const reached = [...files].sort();
   if (wholeTree) for (const file of filesBelow(root, root)) files.add(file);
-  return { files: [...files].sort(), wholeTree };
+  return { files: wholeTree ? [...files].sort() : reached, wholeTree, reached };
 }
 
 /** Content key of a test file's run: its inputs' paths and contents, and the name patterns it runs with. */
