@@ -50,7 +50,14 @@ test("复用记录的输入：测试文件、沿相对 import 递归到的模块
   });
   // A file that asks for the working folder may read anything in it: every file of the tree becomes an input.
   await fs.appendFile(path.join(root, "packages/pi-course/dist/src/b.js"), "export const here = process.cwd();\n");
+  // A practice folder's state: chapter 24's models.json counts; the harness's own progress records do not.
+  await fs.outputFile(path.join(root, ".pi-course/models.json"), "{}\n");
+  await fs.outputFile(path.join(root, ".pi-course/faults.json"), "[]\n");
+  await fs.outputFile(path.join(root, ".pi-course/backup/2026-12-03/packages/pi-course/src/a.ts"), "export {};\n");
   const whole = testInputs(root, TEST);
+  assert.ok(whole.files.includes(path.join(".pi-course", "models.json")), "CLI 读的 models.json 是输入");
+  assert.ok(!whole.files.some((file) => file === path.join(".pi-course", "faults.json") || file.startsWith(path.join(".pi-course", "backup"))),
+    "课程工具自己记下的进度（做完的故障、备份）不是输入");
   assert.equal(whole.wholeTree, true);
   assert.ok(whole.files.includes("README.md") && whole.files.includes("packages/pi-course/dist/src/unrelated.js"));
   assert.ok(!whole.files.some((file) => file.startsWith("node_modules")));

@@ -14,7 +14,8 @@
 //     folders included with every file below them — except a folder that holds the file itself: ".." or "dist" in
 //     `path.resolve(HERE, "..", "..", "dist", "src")` is a step on the way up, and taking every file below it would
 //     make each sibling test an input (chapter 23's key then changed with any other chapter's test);
-//   - a file that calls `process.cwd()` may read anything: then every file of the tree is an input.
+//   - a file that calls `process.cwd()` may read anything: then every file of the tree is an input, save the
+//     progress records the harness itself writes into a practice folder (harnessRecord below).
 // A bare name such as "README.md" or "." in a file that never uses import.meta is data (a path inside a test's own
 // temporary workspace), not an input. node_modules is shared by every tree of one run and is not an input either.
 // A path assembled at run time from pieces that are not literals is not seen; `npm run verify -- --fresh` runs
@@ -41,7 +42,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { type TestOutcome, type TestProcessOptions, runTests } from "./tests.js";
-import { STATE_DIR } from "./practice-state.js";
+import { BACKUP_DIR, FAULTS_DONE, STATE_DIR } from "./practice-state.js";
 import { processAlive } from "./pid.js";
 
 /** The environment variable that names the folder where the processes of one `npm test` share their passing runs. */
@@ -69,6 +70,17 @@ function filesBelow(root: string, dir: string): string[] {
   };
   walk(dir);
   return found;
+}
+
+/**
+ * What the harness writes into a practice folder about the learner's progress as they go — the faults run to the
+ * end and the backups a reset or a recovery made — which no course code reads: a whole-tree key leaves them out
+ * (a test that names one still has it as an input), so recording a fault does not make chapter 24's next fault run
+ * the whole chapter again to prove it is still green.
+ */
+function harnessRecord(file: string): boolean {
+  const posix = file.split(path.sep).join("/");
+  return posix === FAULTS_DONE || posix.startsWith(`${BACKUP_DIR}/`);
 }
 
 function insideTree(root: string, candidate: string): boolean {
@@ -119,7 +131,7 @@ export function testInputs(root: string, testFile: string): TestInputs {
     }
   }
   const reached = [...files].sort();
-  if (wholeTree) for (const file of filesBelow(root, root)) files.add(file);
+  if (wholeTree) for (const file of filesBelow(root, root)) if (!harnessRecord(file)) files.add(file);
   return { files: wholeTree ? [...files].sort() : reached, wholeTree, reached };
 }
 
