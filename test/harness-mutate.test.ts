@@ -239,6 +239,39 @@ test("练习目录不带作者依赖：package.json 与 package-lock.json 里没
   assert.match(refused.stderr, /^mutate 是课程作者用的命令，只在课程仓库里有/);
 });
 
+test("mutate 中途被打断：已经测完的文件立刻进报告与摘要，下一次运行只测没测完的", async () => {
+  // A chapter with several files; the fake measuring step stands in for Stryker and fails on the third file, as a
+  // run cut short (an outage, a Ctrl-C during an hour-long chapter) would end.
+  const dir = await freshDir(scratch, "cut");
+  const c22 = byId("22");
+  const targets = mutationTargets(checkpoints, c22);
+  assert.ok(targets.length >= 3, "夹具：第 22 章至少有三份教学文件");
+  const measuredFiles: string[] = [];
+  let failOn: string | undefined = targets[2]!.file;
+  const fake = async (target: MutationTarget): Promise<FileScore> => {
+    if (target.file === failOn) throw new Error("模拟中断");
+    measuredFiles.push(target.file);
+    return { file: target.file, chapters: target.chapters, mutants: 10, killed: 9, timedOut: 0, survived: 1, noCoverage: 0, errors: 0, score: 90, survivors: [] };
+  };
+  const options: MutationRun = {
+    checkpoints, targets, name: "22", command: "mutate 22", root: REPO, reportDir: path.join(dir, ".mutation"),
+    checkpointsDir: path.join(dir, "checkpoints"), measure: fake, log: () => {},
+  };
+  await assert.rejects(runMutation(options), /模拟中断/);
+  const kept = ((await fs.readJson(path.join(dir, ".mutation", "22.json"))) as Report).files.map((s) => s.file);
+  assert.deepEqual(kept, targets.slice(0, 2).map((t) => t.file), "中断之前测完的两份在报告里");
+  const summary = (await fs.readJson(path.join(dir, "checkpoints", c22.folder, SUMMARY_NAME))) as Summary;
+  assert.deepEqual(Object.keys(summary.files).sort(), targets.slice(0, 2).map((t) => t.file).sort(), "也在本章的摘要里");
+
+  failOn = undefined;
+  measuredFiles.length = 0;
+  const resumed = await runMutation(options);
+  assert.deepEqual(measuredFiles, targets.slice(2).map((t) => t.file), "再运行只测没测完的");
+  assert.deepEqual(resumed.map((e) => (typeof e === "string" ? e : e.file)), targets.map((t) => t.file));
+  assert.deepEqual(((await fs.readJson(path.join(dir, ".mutation", "22.json"))) as Report).files.map((s) => s.file), targets.map((t) => t.file),
+    "跑完之后报告里每份文件都在");
+});
+
 test("一次真正的 Stryker 运行（五行的小文件）：测试漏掉的上界分支存活，并以 file:line 列出", async () => {
   // A course-shaped checkout with one teaching file and its focused test, sharing the course's node_modules.
   const root = path.join(scratch, "fixture");

@@ -462,8 +462,9 @@ export interface MutationRun {
 
 /**
  * The body of `npm run mutate`: every target either takes over an earlier score with the same inputs (never with
- * --fresh), is listed as missing (--cached), or is measured. Then the closing table; a run that is not --cached writes
- * its report, and every run writes the scores it has into the chapters' summaries. Returns the table's rows.
+ * --fresh), is listed as missing (--cached), or is measured; each measured file goes into the report and its chapter's
+ * summary as soon as it is done. Then the closing table; a run that is not --cached writes its whole report, and every
+ * run writes the scores it has into the chapters' summaries. Returns the table's rows.
  */
 export async function runMutation(run: MutationRun): Promise<Array<FileScore | string>> {
   const log = run.log ?? ((line: string) => console.log(line));
@@ -483,7 +484,23 @@ export async function runMutation(run: MutationRun): Promise<Array<FileScore | s
   const hashes = new Map<string, string>();
   const started = Date.now();
   const entries: Array<FileScore | string> = []; // the table's rows, in the order of the targets
-  for (const target of run.targets) {
+  const reportFile = path.join(run.reportDir, `${run.name}.json`);
+  const summariesWritten = new Set<string>();
+  /**
+   * After each file Stryker measured, the report and the chapters' summaries hold its score at once: a run that is
+   * cut short (a chapter can take an hour) keeps every file it finished, and the next run takes them over. The
+   * files it has not reached yet keep what this report said of them before.
+   */
+  const keepSoFar = async (score: FileScore, index: number): Promise<void> => {
+    const before = run.targets.slice(index + 1).flatMap((t) => {
+      const e = earlier.filter((x) => x.score.file === t.file && x.report === `${where}/${run.name}.json`).at(-1);
+      return e ? [{ ...e.score, at: e.at }] : [];
+    });
+    const soFar: Report = { createdAt: new Date().toISOString(), command: run.command, files: [...entries.filter((e): e is FileScore => typeof e !== "string"), ...before] };
+    await fs.writeFile(reportFile, `${JSON.stringify(soFar, null, 2)}\n`);
+    for (const file of await writeSummaries([score], run.checkpoints, run.checkpointsDir)) summariesWritten.add(file);
+  };
+  for (const [index, target] of run.targets.entries()) {
     const short = target.file.slice(PACKAGE_DIR.length + 1);
     const inputs = mutationKey(run.root, target, hashes);
     const same = run.fresh ? undefined : earlier.filter((e) => e.score.file === target.file && e.score.inputs === inputs).at(-1);
@@ -508,6 +525,7 @@ export async function runMutation(run: MutationRun): Promise<Array<FileScore | s
     const measured = await run.measure(target, path.join(run.reportDir, path.posix.basename(target.file, ".ts")));
     const score: FileScore = { ...measured, inputs, at: new Date().toISOString(), ...firstKnown };
     entries.push(score);
+    await keepSoFar(score, index);
     log(formatFileScore(score));
     const previous = latest.get(target.file);
     if (previous !== undefined) log(`  （上次 ${percent(previous)}）`);
@@ -521,12 +539,12 @@ export async function runMutation(run: MutationRun): Promise<Array<FileScore | s
       : `\n${missing} 个文件没有输入相同的结果；去掉 --cached 运行它们。`);
   } else {
     const report: Report = { createdAt: new Date().toISOString(), command: run.command, files: scores };
-    const reportFile = path.join(run.reportDir, `${run.name}.json`);
     await fs.writeFile(reportFile, `${JSON.stringify(report, null, 2)}\n`);
     log(`\n用时 ${((Date.now() - started) / 1000).toFixed(0)} s。报告：${where}/${path.basename(reportFile)}（得分与存活的变异体），` +
       `每个文件的 Stryker HTML 报告在 ${where}/ 下。存活的变异体若与原代码等价，在 checkpoints/NN-*/mutants.md 里写一行理由。`);
   }
-  const written = await writeSummaries(scores, run.checkpoints, run.checkpointsDir);
+  for (const file of await writeSummaries(scores, run.checkpoints, run.checkpointsDir)) summariesWritten.add(file);
+  const written = [...summariesWritten];
   if (written.length > 0) log(`各章的得分摘要（提交它们）：${written.map((f) => path.relative(path.dirname(run.checkpointsDir), f)).join("、")}`);
   return entries;
 }
