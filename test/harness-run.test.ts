@@ -6,13 +6,13 @@ import os from "node:os";
 import path from "node:path";
 import { spawn } from "node:child_process";
 import { pathToFileURL } from "node:url";
-import { LONG_FIRST, ordered, startsEarly, testFiles } from "./run.js";
+import { FLUSHES_EARLY, LONG_FIRST, ordered, startsEarly, testFiles } from "./run.js";
 import { REPO, at, collect, learnerEnv } from "./harness-helpers.js";
 import { TestReuse, inputKey } from "../scripts/model/test-reuse.js";
 import { loadCheckpoints } from "../scripts/model/manifest.js";
 import { SLOWEST_FIRST, startOrder } from "../scripts/model/verify.js";
 
-test("npm test 的运行器：每个根测试文件与每个编译后的章节测试恰好一次；verify 能沿用的章节测试最先，接着 verify 测试与其他耗时长的，其余按文件名", () => {
+test("npm test 的运行器：每个根测试文件与每个编译后的章节测试恰好一次；verify 能沿用的章节测试最先，接着一份很短的根测试，再是 verify 测试与其他耗时长的，其余按文件名", () => {
   const files = testFiles();
   const roots = fs.readdirSync(at(REPO, "test")).filter((name) => name.endsWith(".test.ts")).map((name) => `test/${name}`);
   const chapters = fs.readdirSync(at(REPO, "packages/pi-course/test")).filter((name) => name.endsWith(".test.ts"))
@@ -28,10 +28,13 @@ test("npm test 的运行器：每个根测试文件与每个编译后的章节�
   assert.ok(early.length >= 20 && early.every((file) => file.startsWith("packages/pi-course/dist/test/")), early.join("\n"));
   assert.ok(!early.includes("packages/pi-course/dist/test/24-your-pi.test.js"), "第 24 章的测试读工作目录，verify 沿用不了，不必提前");
   assert.deepEqual(order.slice(0, early.length), early);
+  // Then one short root file, so the runner knows the last early file whole before verify's first checkpoint ends.
+  assert.ok(files.includes(FLUSHES_EARLY) && !LONG_FIRST.includes(FLUSHES_EARLY) && !FLUSHES_EARLY.startsWith("packages/"), FLUSHES_EARLY);
+  assert.equal(order[early.length], FLUSHES_EARLY);
   assert.equal(LONG_FIRST[0], "test/verify.test.ts");
-  assert.deepEqual(order.slice(early.length, LONG_FIRST.length + early.length), LONG_FIRST);
-  const rest = order.slice(LONG_FIRST.length + early.length);
-  assert.deepEqual(rest, files.filter((file) => !LONG_FIRST.includes(file) && !early.includes(file)), "其余的保持文件名顺序");
+  assert.deepEqual(order.slice(early.length + 1, LONG_FIRST.length + early.length + 1), LONG_FIRST);
+  const rest = order.slice(LONG_FIRST.length + early.length + 1);
+  assert.deepEqual(rest, files.filter((file) => !LONG_FIRST.includes(file) && !early.includes(file) && file !== FLUSHES_EARLY), "其余的保持文件名顺序");
 });
 
 test("verify 的开始顺序：最慢的 checkpoint（SLOWEST_FIRST，第 24 章）先开始，其余按章节顺序；每个 checkpoint 恰好一次", () => {

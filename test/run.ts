@@ -17,7 +17,8 @@
 // inputs taken before the run — checkpoint 24's target is the final tree, so its verify takes most of them. Those
 // chapter files therefore start first, before the verify test: node's runner reports a file's tests only once every
 // file given before it has reported (it replays them in order), so a chapter file queued behind the verify test
-// would be known to have passed only when the whole verify had ended. The runner also claims each of them at once
+// would be known to have passed only when the whole verify had ended. A short file (FLUSHES_EARLY) goes between them and the
+// verify test, so that the last of them is known whole at once too. The runner also claims each of them at once
 // (test-reuse.ts), so a verify that gets to one still running waits for it instead of running it a second time.
 // The folder is removed when the runner exits.
 //
@@ -82,10 +83,20 @@ export function testFiles(): string[] {
   return [...list("test", ".test.ts"), ...list("packages/pi-course/dist/test", ".test.js")];
 }
 
-/** The chapter files that start early (name order), then LONG_FIRST in its order, then the rest in name order. */
+/**
+ * A short root test file that goes right after the early chapter files, before the verify test. The runner learns
+ * that a chapter file's list of tests is whole only when the file after it reports (see runAll), and node forwards
+ * a file's events only as each of its top-level tests ends: were the verify test next, the last early chapter file
+ * would stay claimed until verify's first checkpoint is through — and that checkpoint's lanes may be waiting for
+ * exactly that claim. This file's first test ends within a second of starting, so every early claim goes at once.
+ */
+export const FLUSHES_EARLY = "test/harness-seed-facts.test.ts";
+
+/** The chapter files that start early (name order), FLUSHES_EARLY, then LONG_FIRST in its order, then the rest in name order. */
 export function ordered(files: string[]): string[] {
   const rank = (file: string): number => {
-    if (startsEarly(file)) return -1;
+    if (startsEarly(file)) return -2;
+    if (file === FLUSHES_EARLY) return -1;
     const at = LONG_FIRST.indexOf(file);
     return at < 0 ? LONG_FIRST.length : at;
   };
@@ -126,7 +137,8 @@ export function runAll(files: string[], concurrency: number, shared?: string, ro
       // Claimed at once for the whole run (test-reuse.ts): a verify that meets one of these files runs its others
       // first and then waits for this runner's record. Waiting cannot block the run: the verify test takes one of
       // the `concurrency` slots, the chapter files start before every other file (ordered()), so they always have
-      // a slot. With one slot they would not, and nothing is claimed.
+      // a slot, and FLUSHES_EARLY right after them lets the last one go as soon as it ends. With one slot they would
+      // not, and nothing is claimed.
       if (concurrency > 1) takeClaim(shared, key);
       keys.set(path.resolve(root, file), { file, key });
     }
