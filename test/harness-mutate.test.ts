@@ -357,7 +357,7 @@ test("一次真正的 Stryker 运行（五行的小文件）：测试漏掉的�
   // A test that calls process.cwd() may read the whole tree (verify's reuse counts all of it), but a committed key
   // must hold on a clone: it counts what git tracks in the package, not files a clone never has nor the repository's
   // other files. Without git, the whole tree counts.
-  await fs.appendFile(testFile, 'test("Lab 1.4 · 工作目录", () => { assert.equal(typeof process.cwd(), "string"); });\n');
+  await fs.appendFile(testFile, 'test("Lab 1.4 · 工作目录", () => { assert.equal(typeof process.cwd(), "string"); assert.ok(".pi-course/state.json"); });\n');
   await build();
   const untracked = mutationKey(root, target);
   await fs.outputFile(path.join(root, ".mutation", "01.json"), "{}\n");
@@ -366,7 +366,8 @@ test("一次真正的 Stryker 运行（五行的小文件）：测试漏掉的�
   const whole = mutationKey(root, target);
   await fs.outputFile(path.join(root, ".mutation", "02.json"), "{}\n");
   await fs.outputFile(path.join(root, "checkpoints", "01-clamp", "mutants.md"), "# 存活的变异体\n");
-  assert.equal(mutationKey(root, target), whole, "包外的文件与 git 不管的文件不该改变键");
+  await fs.outputFile(path.join(root, ".pi-course", "state.json"), "{}\n");
+  assert.equal(mutationKey(root, target), whole, "包外的文件与 git 不管的文件不该改变键，测试点名的也一样（克隆里没有它）");
   await fs.outputFile(path.join(root, PACKAGE, "test-support", "data.json"), "[]\n");
   assert.equal(mutationKey(root, target), whole, "包里还没交给 git 的文件不算");
   assert.equal((await run("git", ["add", "--", PACKAGE], { cwd: root })).code, 0);

@@ -16,7 +16,7 @@ import { CourseError } from "./cli.js";
 import { type Checkpoint, totalTests } from "./manifest.js";
 import { PACKAGE_DIR, ROOT, inTree } from "./paths.js";
 import { compiledTest, findTsc } from "./tests.js";
-import { type TestInputs, inputKey, testInputs } from "./test-reuse.js";
+import { type TestInputs, fileDigest, keyOfFiles, testInputs } from "./test-reuse.js";
 
 export type StrykerOptions = ConstructorParameters<typeof Stryker>[0];
 export type MutantResult = Awaited<ReturnType<Stryker["runMutationTest"]>>[number];
@@ -182,11 +182,11 @@ export function mutationKey(root: string, target: MutationTarget, hashes = new M
   for (const test of target.tests) {
     const inputs = testInputs(root, test);
     if (!inputs.wholeTree) {
-      hash.update(`\n${test}\0${inputKey(root, test, {}, hashes)}`);
+      hash.update(`\n${test}\0${keyOfFiles(root, test, {}, inputs.files, hashes).key}`);
       continue;
     }
     hash.update(`\n${test}\0`);
-    for (const file of judgedFiles(root, inputs)) hash.update(`${file}\0${contentHash(root, file, hashes)}\n`);
+    for (const file of judgedFiles(root, inputs)) hash.update(`${file}\0${fileDigest(root, file, hashes)}\n`);
   }
   return hash.digest("hex").slice(0, 32);
 }
@@ -198,7 +198,7 @@ export function mutationKey(root: string, target: MutationTarget, hashes = new M
  * and what changes with every later commit that no test reads (guides, notes, this very mutants.md). The tests run
  * the CLI in temporary folders of their own; what they can read is the package. So here the whole tree becomes the
  * files git tracks below packages/pi-course, beside every file the test reaches (its imports and the paths it
- * names, built output included). Outside a git checkout it stays the whole tree.
+ * names, if a clone has it: tracked or built). Outside a git checkout it stays the whole tree.
  */
 function judgedFiles(root: string, inputs: TestInputs): string[] {
   let tracked: string[];
@@ -208,16 +208,12 @@ function judgedFiles(root: string, inputs: TestInputs): string[] {
   } catch {
     return inputs.files;
   }
-  return [...new Set([...inputs.reached, ...tracked.map((file) => file.split("/").join(path.sep))])].sort();
-}
-
-function contentHash(root: string, file: string, hashes: Map<string, string>): string {
-  let digest = hashes.get(file);
-  if (digest === undefined) {
-    digest = crypto.createHash("sha256").update(fs.readFileSync(path.join(root, file))).digest("hex");
-    hashes.set(file, digest);
-  }
-  return digest;
+  // What it reaches counts when a clone has it too: a tracked file, or build output (every key needs a fresh build).
+  // Untracked files it names — the course folder's own .pi-course/ records, which the harness rewrites whenever a
+  // practice folder is made — are not in a clone.
+  const own = new Set(tracked.map((file) => file.split("/").join(path.sep)));
+  const built = `${inTree("", `${PACKAGE_DIR}/dist`)}${path.sep}`;
+  return [...new Set([...inputs.reached.filter((file) => own.has(file) || file.startsWith(built)), ...own])].sort();
 }
 
 /** One line of source text for a report: whitespace collapsed, long text cut in the middle. */

@@ -142,19 +142,29 @@ export function inputKey(root: string, testFile: string, options: TestProcessOpt
 
 /** The input key, and whether other processes may take a pass under it (no input lies in a practice folder's state). */
 function keyed(root: string, testFile: string, options: TestProcessOptions, hashes: Map<string, string>): { key: string; shareable: boolean } {
+  return keyOfFiles(root, testFile, options, testInputs(root, testFile).files, hashes);
+}
+
+/** keyed() for inputs already found (mutate.ts finds them itself: it keys a whole-tree test on fewer files). */
+export function keyOfFiles(root: string, testFile: string, options: TestProcessOptions, files: string[], hashes: Map<string, string>): { key: string; shareable: boolean } {
   const hash = crypto.createHash("sha256");
   hash.update(`${testFile}\n${(options.patterns ?? []).map((p) => p.source).join("\n")}\n`);
   let shareable = true;
-  for (const file of testInputs(root, testFile).files) {
+  for (const file of files) {
     if (file.split(path.sep).includes(STATE_DIR)) shareable = false;
-    let digest = hashes.get(file);
-    if (digest === undefined) {
-      digest = crypto.createHash("sha256").update(fs.readFileSync(path.join(root, file))).digest("hex");
-      hashes.set(file, digest);
-    }
-    hash.update(`${file}\0${digest}\n`);
+    hash.update(`${file}\0${fileDigest(root, file, hashes)}\n`);
   }
   return { key: hash.digest("hex"), shareable };
+}
+
+/** The sha256 of a file of the tree at `root`, computed once per `hashes`. */
+export function fileDigest(root: string, file: string, hashes: Map<string, string>): string {
+  let digest = hashes.get(file);
+  if (digest === undefined) {
+    digest = crypto.createHash("sha256").update(fs.readFileSync(path.join(root, file))).digest("hex");
+    hashes.set(file, digest);
+  }
+  return digest;
 }
 
 /**
