@@ -3,12 +3,14 @@
 import test, { after, before } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
+import os from "node:os";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
 import fs from "fs-extra";
 import { loadCheckpoints, totalTests } from "../scripts/model/manifest.js";
 import { ensureHistory } from "../scripts/model/history.js";
-import { withMutation } from "../scripts/model/faults.js";
+import { greenAgain, injectFault, withMutation } from "../scripts/model/faults.js";
+import { buildPackage } from "../scripts/model/tests.js";
 import { editLines } from "../scripts/model/practice-fault.js";
 import { REPO, at, collect, course, learnerEnv, realChapter, tempDir, waitFor } from "./harness-helpers.js";
 
@@ -121,4 +123,107 @@ test("故障的改动按 diff 的读法显示：两边相同的行是上下文�
   assert.deepEqual(editLines("    await undefined;\n", ""), ["-     await undefined;"]);
   assert.deepEqual(editLines("a < b", "a <= b"), ["- a < b", "+ a <= b"]);
   assert.deepEqual(editLines("x\ny\nz\n", "x\nY\nz\n"), ["  x", "- y", "+ Y", "  z"]);
+});
+
+/**
+ * A package tree whose "compiler" is a stand-in that copies each source to dist/ as it is and logs every start
+ * (found where findTsc looks for typescript/bin/tsc), so a test can count builds. A source containing `TYPE ERROR`
+ * fails the build, as a type error would; one containing `SAVED WHILE BUILDING` is saved again after it was read.
+ */
+async function stubbedTree(): Promise<string> {
+  const root = path.join(scratch, `stubbed-${Date.now()}-${Math.random().toString(16).slice(2)}`);
+  const write = (file: string, text: string): Promise<void> => fs.outputFile(path.join(root, file), text);
+  await write("node_modules/typescript/package.json", '{ "type": "commonjs" }\n');
+  await write("node_modules/typescript/bin/tsc", [
+    'const fs = require("node:fs");',
+    'const path = require("node:path");',
+    'const pkg = path.dirname(process.argv[process.argv.indexOf("-p") + 1]);',
+    'fs.appendFileSync(path.join(pkg, "..", "..", "tsc-runs.log"), "run\\n");',
+    'for (const dir of ["src", "test"]) for (const name of fs.readdirSync(path.join(pkg, dir))) {',
+    '  const text = fs.readFileSync(path.join(pkg, dir, name), "utf8");',
+    '  if (text.includes("TYPE ERROR")) { process.stdout.write(`${dir}/${name}: error\\n`); process.exit(2); }',
+    '  if (text.includes("SAVED WHILE BUILDING")) fs.appendFileSync(path.join(pkg, dir, name), "// 构建途中又保存了一次\\n");',
+    '  const out = path.join(pkg, "dist", dir, name.replace(/\\.ts$/, ".js"));',
+    '  fs.mkdirSync(path.dirname(out), { recursive: true });',
+    '  if (!fs.existsSync(out) || fs.readFileSync(out, "utf8") !== text) fs.writeFileSync(out, text);',
+    "}",
+    'fs.writeFileSync(path.join(pkg, "dist", ".tsbuildinfo"), "{}\\n");',
+    "",
+  ].join("\n"));
+  await write("package.json", '{ "type": "module" }\n');
+  await write("packages/pi-course/package.json", '{ "type": "module" }\n');
+  await write("packages/pi-course/tsconfig.json", "{}\n");
+  await write("packages/pi-course/src/answer.ts", "export const answer = () => 42;\n");
+  await write("packages/pi-course/test/01-answer.test.ts", [
+    'import test from "node:test";',
+    'import assert from "node:assert/strict";',
+    'import { answer } from "../src/answer.js";',
+    'test("answer", () => { assert.equal(answer(), 42); });',
+    'test("other", () => { assert.ok(true); });',
+    "",
+  ].join("\n"));
+  return root;
+}
+
+/** Every file below dist/ with its bytes. */
+async function distBytes(root: string): Promise<Map<string, string>> {
+  const dist = path.join(root, "packages/pi-course/dist");
+  const found = new Map<string, string>();
+  const walk = async (dir: string): Promise<void> => {
+    for (const entry of await fs.readdir(dir, { withFileTypes: true })) {
+      const full = path.join(dir, entry.name);
+      if (entry.isDirectory()) await walk(full);
+      else found.set(path.relative(dist, full), (await fs.readFile(full)).toString("base64"));
+    }
+  };
+  await walk(dist);
+  return found;
+}
+
+test("构建：树和 dist/ 与本进程里某次成功构建之后逐字节相同时不再启动编译器；源文件或 dist/ 有一个字节不同就真的构建", async () => {
+  const root = await stubbedTree();
+  const runs = async (): Promise<number> => (await fs.readFile(path.join(root, "tsc-runs.log"), "utf8").catch(() => "")).split("\n").filter(Boolean).length;
+  assert.equal((await buildPackage(root)).ok, true);
+  assert.equal(await runs(), 1);
+  const again = await buildPackage(root);
+  assert.deepEqual([again.ok, again.ms, await runs()], [true, 0, 1], "什么都没变：不启动编译器");
+  await fs.appendFile(path.join(root, "packages/pi-course/src/answer.ts"), "// 改了一个注释\n");
+  assert.equal((await buildPackage(root)).ok, true);
+  assert.equal(await runs(), 2, "源文件变了：真的构建");
+  await fs.writeFile(path.join(root, "packages/pi-course/dist/src/answer.js"), "export const answer = () => 0;\n");
+  assert.equal((await buildPackage(root)).ok, true);
+  assert.equal(await runs(), 3, "dist/ 被改过：真的构建");
+  assert.equal(await fs.readFile(path.join(root, "packages/pi-course/dist/src/answer.js"), "utf8"), await fs.readFile(path.join(root, "packages/pi-course/src/answer.ts"), "utf8"));
+  await fs.appendFile(path.join(root, "packages/pi-course/src/answer.ts"), "// TYPE ERROR\n");
+  assert.equal((await buildPackage(root)).ok, false);
+  assert.equal((await buildPackage(root)).ok, false, "失败的构建不被记住：每次都真的构建，错误是当前的");
+  assert.equal(await runs(), 5);
+  await fs.writeFile(path.join(root, "packages/pi-course/src/answer.ts"), "export const answer = () => 42; // SAVED WHILE BUILDING\n");
+  assert.equal((await buildPackage(root)).ok, true);
+  assert.equal((await buildPackage(root)).ok, true);
+  assert.equal(await runs(), 7, "构建途中源文件又被保存：dist/ 里可能没有它，下一次照样构建");
+});
+
+test("注入故障：变红的运行之后，文件和 dist/ 都逐字节回到注入之前，之后的构建不必再启动编译器，指定测试照样变绿", async () => {
+  const root = await stubbedTree();
+  const runs = async (): Promise<number> => (await fs.readFile(path.join(root, "tsc-runs.log"), "utf8")).split("\n").filter(Boolean).length;
+  const spec = { focusedTest: "packages/pi-course/test/01-answer.test.ts" };
+  const file = "packages/pi-course/src/answer.ts";
+  assert.equal((await buildPackage(root)).ok, true);
+  const source = await fs.readFile(path.join(root, file));
+  const dist = await distBytes(root);
+  const run = await injectFault(root, spec, { file }, "export const answer = () => 41;\n");
+  assert.equal(run.built, true);
+  assert.deepEqual(run.outcomes.map((o) => [o.name, o.passed]), [["answer", false], ["other", true]]);
+  assert.equal(await runs(), 2, "注入后的代码真的构建了");
+  assert.deepEqual(await fs.readFile(path.join(root, file)), source);
+  assert.deepEqual(await distBytes(root), dist, "dist/ 回到注入之前的样子");
+  assert.equal(await greenAgain(root, spec, ["answer"]), true);
+  assert.equal(await runs(), 2, "恢复后的树就是上一次构建后的树：不再启动编译器");
+  const broken = await injectFault(root, spec, { file }, "export const answer = () => 42; // TYPE ERROR\n");
+  assert.equal(broken.built, false);
+  assert.match(broken.buildOutput, /src\/answer\.ts: error/);
+  assert.deepEqual(await distBytes(root), dist, "构建失败时 dist/ 也回到原样");
+  const leftovers = (await fs.readdir(os.tmpdir())).filter((name) => name.startsWith(`pi-course-dist-before-fault-pid${process.pid}-`));
+  assert.deepEqual(leftovers, [], "dist/ 的副本用完即删");
 });

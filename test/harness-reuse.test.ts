@@ -63,6 +63,18 @@ test("复用记录的输入：测试文件、沿相对 import 递归到的模块
   assert.ok(!whole.files.some((file) => file.startsWith("node_modules")));
   assert.deepEqual(whole.reached, [...new Set(["packages/pi-course/dist/src/a.js", "packages/pi-course/dist/src/b.js", "packages/pi-course/dist/src/table.json", TEST])].sort(),
     "reached 仍是 import 与路径字面量够到的那些文件");
+  // Chapter 24's shape: code that locates itself and names the folder ".pi-course" reaches what is below it, save the
+  // harness's own records (the CLI reads its models.json there, never a fault record or a backup).
+  await fs.appendFile(path.join(root, "packages/pi-course/dist/src/b.js"), 'export const state = new URL(".", import.meta.url) + ".pi-course";\n');
+  const named = testInputs(root, TEST);
+  assert.ok(named.reached.includes(path.join(".pi-course", "models.json")), "点名的目录下的 models.json 是输入");
+  assert.ok(!named.reached.some((file) => file === path.join(".pi-course", "faults.json") || file.startsWith(path.join(".pi-course", "backup"))),
+    "点名 .pi-course 目录也不把做完的故障与备份算进来");
+  const key = inputKey(root, TEST, {});
+  await fs.outputFile(path.join(root, ".pi-course/faults.json"), '[{ "id": "x" }]\n');
+  assert.equal(inputKey(root, TEST, {}), key, "记下一次做完的故障，键不变");
+  await fs.outputFile(path.join(root, ".pi-course/models.json"), '{ "models": [] }\n');
+  assert.notEqual(inputKey(root, TEST, {}), key, "models.json 变了，键就变");
 });
 
 test("复用记录的输入：按自身位置往上走时经过的目录（含测试文件本身的目录）不整个算进来，其下点名的目录照算", async (t) => {
@@ -126,6 +138,27 @@ test("复用：输入没变的第二棵树不再运行测试文件而沿用结�
   assert.equal((await off.runTests(same, [TEST])).reused, 0, "--fresh：不沿用任何结果");
 });
 
+test("按名字的运行：输入相同的整份文件已经通过，就从那次结果里取名字对得上的测试，不再启动进程；一个都对不上、或输入变了，就真的运行", async (t) => {
+  const root = await tree();
+  const same = await tree();
+  t.after(() => Promise.all([fs.remove(root), fs.remove(same)]));
+  for (const dir of [root, same]) await fs.appendFile(path.join(dir, TEST), 'test("b", () => { fs.writeFileSync(new URL("../../../../ran-b.txt", import.meta.url), ""); });\n');
+  const reuse = new TestReuse();
+  const whole = await reuse.runTests(root, [TEST]);
+  assert.deepEqual(whole.outcomes.map((o) => [o.name, o.passed]), [["a", true], ["b", true]]);
+  const byName = await reuse.runTests(same, [TEST], { patterns: [/^b$/] });
+  assert.equal(byName.reused, 1);
+  assert.deepEqual(byName.outcomes.map((o) => [o.name, o.passed]), [["b", true]]);
+  assert.ok(!fs.existsSync(path.join(same, "ran-b.txt")), "整份文件在同样的输入上通过过：不再启动进程");
+  const none = await reuse.runTests(same, [TEST], { patterns: [/^c$/] });
+  assert.deepEqual([none.reused, none.outcomes.length, reuse.ranFiles], [0, 0, 2], "名字一个都对不上：真的运行一次");
+  await fs.outputFile(path.join(same, "packages/pi-course/dist/src/table.json"), '{ "answer": 41 }\n');
+  const changed = await reuse.runTests(same, [TEST], { patterns: [/^b$/] });
+  assert.equal(changed.reused, 0);
+  assert.ok(fs.existsSync(path.join(same, "ran-b.txt")), "输入变了：真的运行");
+  assert.deepEqual(changed.outcomes.map((o) => [o.name, o.passed]), [["b", true]]);
+});
+
 /** Runs `TEST` of `root` with a TestReuse that shares through `shared`, in a process of its own; its counts. */
 async function runElsewhere(root: string, shared: string): Promise<{ reused: number; passed: boolean[] }> {
   const module = pathToFileURL(path.join(REPO, "scripts/model/test-reuse.ts")).href;
@@ -186,9 +219,9 @@ test("跨进程复用：输入里有练习目录自己的状态（.pi-course/，
   for (const dir of [root, same, third]) {
     // Chapter 24's shape: the test names ".pi-course" and locates itself, so the tree's own .pi-course/ is an input.
     await fs.appendFile(path.join(dir, TEST), 'export const stateDir = new URL(".", import.meta.url) + ".pi-course";\n');
-    await fs.outputFile(path.join(dir, ".pi-course/faults.json"), '{ "done": [] }\n');
+    await fs.outputFile(path.join(dir, ".pi-course/models.json"), '{ "models": [] }\n');
   }
-  assert.ok(testInputs(root, TEST).files.includes(path.join(".pi-course", "faults.json")), "夹具：.pi-course/faults.json 是这份测试的输入");
+  assert.ok(testInputs(root, TEST).files.includes(path.join(".pi-course", "models.json")), "夹具：.pi-course/models.json 是这份测试的输入");
   assert.deepEqual(await runElsewhere(root, shared), { reused: 0, passed: [true] });
   assert.deepEqual(await fs.readdir(shared), [], "这样的运行不写进共享目录");
   const here = new TestReuse(true, { shared });

@@ -1,7 +1,9 @@
 // Fault exercises: a one-line (or few-line) mutation of the solution, as data, that exactly one named test catches.
 import fs from "fs-extra";
 import type { Checkpoint, Fault } from "./manifest.js";
-import { inTree } from "./paths.js";
+import { PACKAGE_DIR, inTree } from "./paths.js";
+import { makeTempDir } from "./trees.js";
+import { removeOnExit } from "./cleanup.js";
 import { type PendingFault, sha256, writeDurably } from "./practice-state.js";
 import { type TestOutcome, buildPackage, compiledTest } from "./tests.js";
 import { type TestReuse, runTestsWith } from "./test-reuse.js";
@@ -120,11 +122,25 @@ export interface FaultRun { built: boolean; buildOutput: string; outcomes: TestO
  * file, and restores the file whatever happens. `outcomes` are empty when the mutated tree does not build.
  */
 export async function injectFault(root: string, c: Pick<Checkpoint, "focusedTest">, fault: Pick<Fault, "file">, mutated: string, record?: RecoveryRecord, reuse?: TestReuse): Promise<FaultRun> {
-  return withMutation(inTree(root, fault.file), mutated, async () => {
-    const build = await buildPackage(root);
-    if (!build.ok) return { built: false, buildOutput: build.output, outcomes: [] };
-    return { built: true, buildOutput: build.output, outcomes: await runTestsWith(reuse, root, [compiledTest(c.focusedTest)]) };
-  }, record);
+  // dist/ as the tree's own build left it: put back with the file, so the tree is again exactly what it was and the
+  // check after the restore needs no build (tests.ts: buildPackage finds the tree as a successful build left it).
+  const dist = inTree(root, `${PACKAGE_DIR}/dist`);
+  const saved = fs.existsSync(dist) ? await makeTempDir("dist-before-fault") : undefined;
+  const forget = saved ? removeOnExit(saved) : () => {};
+  if (saved) await fs.copy(dist, saved);
+  try {
+    return await withMutation(inTree(root, fault.file), mutated, async () => {
+      const build = await buildPackage(root);
+      if (!build.ok) return { built: false, buildOutput: build.output, outcomes: [] };
+      return { built: true, buildOutput: build.output, outcomes: await runTestsWith(reuse, root, [compiledTest(c.focusedTest)]) };
+    }, record);
+  } finally {
+    if (saved) {
+      await fs.remove(dist);
+      await fs.move(saved, dist);
+    }
+    forget();
+  }
 }
 
 /** True when exactly the fault's named test is red: the fault is caught, and by nothing else. */

@@ -1,5 +1,6 @@
 // Incremental verify: within one run, a compiled test file whose inputs are byte for byte those of an earlier run
-// that passed is not run again; its outcomes are taken from that run.
+// that passed is not run again; its outcomes are taken from that run. A run of some of its tests by name takes
+// them from a whole-file pass with the same inputs (matchingPasses below).
 //
 // Checkpoint NN's target holds the tests of every earlier chapter, and most of them read only files that chapter NN
 // does not touch; the practice tree differs from the target only in the chapter's teaching files. Running all of
@@ -74,8 +75,9 @@ function filesBelow(root: string, dir: string): string[] {
 
 /**
  * What the harness writes into a practice folder about the learner's progress as they go — the faults run to the
- * end and the backups a reset or a recovery made — which no course code reads: a whole-tree key leaves them out
- * (a test that names one still has it as an input), so recording a fault does not make chapter 24's next fault run
+ * end and the backups a reset or a recovery made — which no course code reads: a whole-tree key leaves them out,
+ * and so does a folder a test names (chapter 24's CLI names `.pi-course`, where it reads models.json); a test that
+ * names one of them itself still has it as an input. So recording a fault does not make chapter 24's next fault run
  * the whole chapter again to prove it is still green.
  */
 function harnessRecord(file: string): boolean {
@@ -100,7 +102,7 @@ export function testInputs(root: string, testFile: string): TestInputs {
     if (!insideTree(root, candidate) || !fs.existsSync(candidate)) return;
     const stat = fs.statSync(candidate);
     if (stat.isDirectory()) {
-      if (folders && !holds(candidate, from)) for (const file of filesBelow(root, candidate)) files.add(file);
+      if (folders && !holds(candidate, from)) for (const file of filesBelow(root, candidate)) if (!harnessRecord(file)) files.add(file);
     } else if (stat.isFile()) {
       files.add(path.relative(root, candidate));
       if (CODE.test(candidate)) queue.push(candidate);
@@ -141,8 +143,26 @@ export function inputKey(root: string, testFile: string, options: TestProcessOpt
 }
 
 /** The input key, and whether other processes may take a pass under it (no input lies in a practice folder's state). */
-function keyed(root: string, testFile: string, options: TestProcessOptions, hashes: Map<string, string>): { key: string; shareable: boolean } {
-  return keyOfFiles(root, testFile, options, testInputs(root, testFile).files, hashes);
+function keyed(root: string, testFile: string, options: TestProcessOptions, hashes: Map<string, string>): { key: string; shareable: boolean; wholeKey: string } {
+  const files = testInputs(root, testFile).files;
+  const { key, shareable } = keyOfFiles(root, testFile, options, files, hashes);
+  const wholeKey = (options.patterns ?? []).length === 0 ? key : keyOfFiles(root, testFile, {}, files, hashes).key;
+  return { key, shareable, wholeKey };
+}
+
+/**
+ * The tests of a whole-file pass that a run with name `patterns` would run, or undefined when none would. Node
+ * runs a top-level test when its name matches one of the patterns (each given as its source, as test-process.ts
+ * passes them to --test-name-pattern) and reports only the top-level tests that ran; a pass of the whole file with
+ * the same inputs ran each of them, and they passed. This holds because a chapter's tests do not lean on the ones
+ * before them in the file: a learner runs them lab by lab (`npm run lab -- N.M`), and verify runs every lab but the
+ * last alone. verify meets this in each fault exercise: after the restore, the tree is again the one whose whole
+ * focused file passed in step ①, and only the fault's test is asked for.
+ */
+export function matchingPasses(whole: TestOutcome[], patterns: RegExp[]): TestOutcome[] | undefined {
+  const sources = patterns.map((pattern) => new RegExp(pattern.source));
+  const chosen = whole.filter((o) => sources.some((pattern) => pattern.test(o.name)));
+  return chosen.length > 0 ? chosen : undefined;
 }
 
 /** keyed() for inputs already found (mutate.ts finds them itself: it keys a whole-tree test on fewer files). */
@@ -324,13 +344,20 @@ export class TestReuse {
     /** Runs (or takes) files[index]; false, without doing either, when another process holds its claim and `wait` is not set. */
     const one = async (index: number, wait: boolean): Promise<boolean> => {
       const file = files[index]!;
-      const { key, shareable } = found[index]!;
+      const { key, shareable, wholeKey } = found[index]!;
       for (;;) {
         for (let flight = this.#running.get(key); flight; flight = this.#running.get(key)) await flight;
         let known = this.#passed.get(key);
         if (!known && shareable && shared !== undefined) {
           known = readShared(shared, key, file);
           if (known) { this.#passed.set(key, known); this.sharedFiles += 1; }
+        }
+        // A run of some tests by name, on inputs whose whole file already passed: those tests passed in that run.
+        if (!known && wholeKey !== key) {
+          let whole = this.#passed.get(wholeKey);
+          if (!whole && shareable && shared !== undefined) whole = readShared(shared, wholeKey, file);
+          known = whole && matchingPasses(whole, options.patterns ?? []);
+          if (known) this.#passed.set(key, known);
         }
         if (known) {
           reused += 1;
