@@ -154,10 +154,11 @@ function keyed(root: string, testFile: string, options: TestProcessOptions, hash
  * The tests of a whole-file pass that a run with name `patterns` would run, or undefined when none would. Node
  * runs a top-level test when its name matches one of the patterns (each given as its source, as test-process.ts
  * passes them to --test-name-pattern) and reports only the top-level tests that ran; a pass of the whole file with
- * the same inputs ran each of them, and they passed. This holds because a chapter's tests do not lean on the ones
- * before them in the file: a learner runs them lab by lab (`npm run lab -- N.M`), and verify runs every lab but the
- * last alone. verify meets this in each fault exercise: after the restore, the tree is again the one whose whole
- * focused file passed in step ①, and only the fault's test is asked for.
+ * the same inputs ran each of them, and they passed. This rests on a rule the course's tests keep: a test does not
+ * lean on the ones before it in its file, since a learner runs them lab by lab (`npm run lab -- N.M`), and verify's
+ * lab-by-lab check runs a lab alone wherever a later lab's file is still a starter. verify meets this in each fault
+ * exercise: after the restore the tree is again the one whose whole focused file passed in step ①, and only the
+ * fault's test is asked for.
  */
 export function matchingPasses(whole: TestOutcome[], patterns: RegExp[]): TestOutcome[] | undefined {
   const sources = patterns.map((pattern) => new RegExp(pattern.source));
