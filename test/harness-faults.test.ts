@@ -165,6 +165,11 @@ async function stubbedTree(): Promise<string> {
   return root;
 }
 
+/** How many times the stand-in compiler of stubbedTree() has started. */
+async function compilerStarts(root: string): Promise<number> {
+  return (await fs.readFile(path.join(root, "tsc-runs.log"), "utf8").catch(() => "")).split("\n").filter(Boolean).length;
+}
+
 /** Every file below dist/ with its bytes. */
 async function distBytes(root: string): Promise<Map<string, string>> {
   const dist = path.join(root, "packages/pi-course/dist");
@@ -182,7 +187,7 @@ async function distBytes(root: string): Promise<Map<string, string>> {
 
 test("构建：树和 dist/ 与本进程里某次成功构建之后逐字节相同时不再启动编译器；源文件或 dist/ 有一个字节不同就真的构建", async () => {
   const root = await stubbedTree();
-  const runs = async (): Promise<number> => (await fs.readFile(path.join(root, "tsc-runs.log"), "utf8").catch(() => "")).split("\n").filter(Boolean).length;
+  const runs = (): Promise<number> => compilerStarts(root);
   assert.equal((await buildPackage(root)).ok, true);
   assert.equal(await runs(), 1);
   const again = await buildPackage(root);
@@ -206,7 +211,7 @@ test("构建：树和 dist/ 与本进程里某次成功构建之后逐字节相�
 
 test("注入故障：变红的运行之后，文件和 dist/ 都逐字节回到注入之前，之后的构建不必再启动编译器，指定测试照样变绿", async () => {
   const root = await stubbedTree();
-  const runs = async (): Promise<number> => (await fs.readFile(path.join(root, "tsc-runs.log"), "utf8")).split("\n").filter(Boolean).length;
+  const runs = (): Promise<number> => compilerStarts(root);
   const spec = { focusedTest: "packages/pi-course/test/01-answer.test.ts" };
   const file = "packages/pi-course/src/answer.ts";
   assert.equal((await buildPackage(root)).ok, true);
