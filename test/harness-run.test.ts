@@ -125,3 +125,36 @@ test("npm test 的运行器把跑通过的章节测试按输入键写进共享�
   assert.deepEqual(taken.outcomes.map((o) => [o.name, o.passed]), [["甲：等 04-d 开始", true], ["乙", true], ["丙", true], ["丁", false], ...lateNames.map((name) => [name, true])]);
   assert.deepEqual([reuse.sharedFiles, reuse.ranFiles], [2, 1]);
 });
+
+test("PI_COURSE_TEST_TIMES 指向还不存在的相对目录：运行器先建好它，把绝对路径交给各文件的进程，最后写出 times.md；指向一个普通文件时一行说明、退出码 2、一项测试也不跑", async (t) => {
+  const scratch = await fs.promises.mkdtemp(path.join(os.tmpdir(), "pi-course-run-times-"));
+  t.after(() => fs.promises.rm(scratch, { recursive: true, force: true }));
+  const tiny = path.join(scratch, "小.test.mjs");
+  await fs.promises.writeFile(tiny, [
+    'import test from "node:test";',
+    'import assert from "node:assert/strict";',
+    'import path from "node:path";',
+    'test("甲：记录目录是绝对路径", () => { assert.ok(path.isAbsolute(process.env.PI_COURSE_TEST_TIMES ?? "")); });',
+    "",
+  ].join("\n"));
+  const runner = (times: string): Promise<Awaited<ReturnType<typeof collect>>> => collect(spawn(process.execPath,
+    ["--import", "tsx", "--import", "./test/file-times.ts", "test/run.ts", tiny],
+    { cwd: REPO, env: learnerEnv({ PI_COURSE_TEST_TIMES: times }), stdio: ["ignore", "pipe", "pipe"] }));
+
+  const folder = path.join(scratch, "还没有", "times");
+  const made = await runner(path.relative(REPO, folder));
+  assert.equal(made.code, 0, made.stderr);
+  assert.match(made.stdout, /# pass 1\n# fail 0\n/);
+  const table = fs.readFileSync(path.join(folder, "times.md"), "utf8");
+  assert.match(table, /\| \S*小\.test\.mjs \| \d+\.\d \| \d+\.\d \|/, "这份测试文件有一行");
+  assert.match(table, /\| 合计（1 个文件） \|/);
+  assert.match(table, /\| test\/run\.ts（整个运行，墙钟与全部 CPU） \| \d+\.\d \| \d+\.\d \|/, "运行器自己也有一行");
+  assert.doesNotMatch(made.stderr, /ENOENT|at /, "没有堆栈");
+
+  const plain = path.join(scratch, "普通文件");
+  await fs.promises.writeFile(plain, "");
+  const refused = await runner(plain);
+  assert.equal(refused.code, 2);
+  assert.deepEqual(refused.stderr.trim().split("\n"), [`PI_COURSE_TEST_TIMES=${plain}：没法建这个目录（EEXIST），换一个目录再运行。`]);
+  assert.doesNotMatch(refused.stdout, /# tests/, "一项测试也没跑");
+});

@@ -208,9 +208,29 @@ if (process.argv[1] !== undefined && pathToFileURL(path.resolve(process.argv[1])
     }
     args.splice(at, 2);
   }
-  const times = process.env[TEST_TIMES_ENV];
-  // After file-times.ts's own exit listener (imported first), so the runner's record is there too.
-  if (times !== undefined && times !== "") process.on("exit", () => { fs.writeFileSync(path.join(times, "times.md"), timesTable(times)); });
+  const named = process.env[TEST_TIMES_ENV];
+  if (named !== undefined && named !== "") {
+    // The folder may not exist yet, and may be relative: made here, and passed on as an absolute path, before any
+    // file's process starts (each writes its record there as it exits; a test may start its children elsewhere).
+    const times = path.resolve(named);
+    try {
+      fs.mkdirSync(times, { recursive: true });
+    } catch (error) {
+      console.error(`${TEST_TIMES_ENV}=${named}：没法建这个目录（${(error as NodeJS.ErrnoException).code ?? (error as Error).message}），换一个目录再运行。`);
+      process.exit(2);
+    }
+    process.env[TEST_TIMES_ENV] = times;
+    // After file-times.ts's own exit listener (imported first), so the runner's record is there too. A folder removed
+    // while the tests ran costs the table, not the run's verdict: one line says so, and the exit code stays the tests'.
+    process.on("exit", () => {
+      const table = path.join(times, "times.md");
+      try {
+        fs.writeFileSync(table, timesTable(times));
+      } catch (error) {
+        console.error(`没能写出 ${table}（${(error as NodeJS.ErrnoException).code ?? (error as Error).message}）：测试结果不受影响。`);
+      }
+    });
+  }
   // A folder named by whoever started this runner is theirs to keep; one made here goes when this runner ends.
   if ((process.env[SHARED_OUTCOMES_ENV] ?? "") === "") {
     const made = await makeTempDir("shared-outcomes");
