@@ -126,7 +126,7 @@ test("npm test 的运行器把跑通过的章节测试按输入键写进共享�
   assert.deepEqual([reuse.sharedFiles, reuse.ranFiles], [2, 1]);
 });
 
-test("PI_COURSE_TEST_TIMES 指向还不存在的相对目录：运行器先建好它，把绝对路径交给各文件的进程，最后写出 times.md；指向一个普通文件时一行说明、退出码 2、一项测试也不跑", async (t) => {
+test("PI_COURSE_TEST_TIMES 指向还不存在的相对目录：运行器先建好它，把绝对路径交给各文件的进程，最后写出 times.md；目录在运行中被删掉时只少一张表、退出码不变；指向一个普通文件时一行说明、退出码 2、一项测试也不跑", async (t) => {
   const scratch = await fs.promises.mkdtemp(path.join(os.tmpdir(), "pi-course-run-times-"));
   t.after(() => fs.promises.rm(scratch, { recursive: true, force: true }));
   const tiny = path.join(scratch, "小.test.mjs");
@@ -137,8 +137,8 @@ test("PI_COURSE_TEST_TIMES 指向还不存在的相对目录：运行器先建�
     'test("甲：记录目录是绝对路径", () => { assert.ok(path.isAbsolute(process.env.PI_COURSE_TEST_TIMES ?? "")); });',
     "",
   ].join("\n"));
-  const runner = (times: string): Promise<Awaited<ReturnType<typeof collect>>> => collect(spawn(process.execPath,
-    ["--import", "tsx", "--import", "./test/file-times.ts", "test/run.ts", tiny],
+  const runner = (times: string, file = tiny): Promise<Awaited<ReturnType<typeof collect>>> => collect(spawn(process.execPath,
+    ["--import", "tsx", "--import", "./test/file-times.ts", "test/run.ts", file],
     { cwd: REPO, env: learnerEnv({ PI_COURSE_TEST_TIMES: times }), stdio: ["ignore", "pipe", "pipe"] }));
 
   const folder = path.join(scratch, "还没有", "times");
@@ -150,6 +150,20 @@ test("PI_COURSE_TEST_TIMES 指向还不存在的相对目录：运行器先建�
   assert.match(table, /\| 合计（1 个文件） \|/);
   assert.match(table, /\| test\/run\.ts（整个运行，墙钟与全部 CPU） \| \d+\.\d \| \d+\.\d \|/, "运行器自己也有一行");
   assert.doesNotMatch(made.stderr, /ENOENT|\n\s+at /, "没有 ENOENT，也没有堆栈");
+
+  // The folder goes while the tests run (here the test itself removes it): the table is lost, the verdict is not.
+  const gone = path.join(scratch, "会被删掉");
+  const remover = path.join(scratch, "删目录.test.mjs");
+  await fs.promises.writeFile(remover, [
+    'import test from "node:test";',
+    'import fs from "node:fs";',
+    'test("乙：删掉记录目录", () => { fs.rmSync(process.env.PI_COURSE_TEST_TIMES, { recursive: true }); });',
+    "",
+  ].join("\n"));
+  const lost = await runner(gone, remover);
+  assert.equal(lost.code, 0, "测试是绿的，退出码就是 0");
+  assert.match(lost.stdout, /# pass 1\n# fail 0\n/);
+  assert.deepEqual(lost.stderr.trim().split("\n"), [`没能写出 ${path.join(gone, "times.md")}（ENOENT）：测试结果不受影响。`]);
 
   const plain = path.join(scratch, "普通文件");
   await fs.promises.writeFile(plain, "");

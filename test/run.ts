@@ -196,6 +196,11 @@ export function runAll(files: string[], concurrency: number, shared?: string, ro
   stream.compose(process.stdout.isTTY ? new spec() : tap).pipe(process.stdout);
 }
 
+/** A file-system error as one short word ("EEXIST"), or its message when it has no code. */
+function errorCode(error: unknown): string {
+  return (error as NodeJS.ErrnoException).code ?? (error instanceof Error ? error.message : String(error));
+}
+
 if (process.argv[1] !== undefined && pathToFileURL(path.resolve(process.argv[1])).href === import.meta.url) {
   const args = process.argv.slice(2);
   let concurrency = 2;
@@ -216,7 +221,7 @@ if (process.argv[1] !== undefined && pathToFileURL(path.resolve(process.argv[1])
     try {
       fs.mkdirSync(times, { recursive: true });
     } catch (error) {
-      console.error(`${TEST_TIMES_ENV}=${named}：没法建这个目录（${(error as NodeJS.ErrnoException).code ?? (error as Error).message}），换一个目录再运行。`);
+      console.error(`${TEST_TIMES_ENV}=${named}：没法建这个目录（${errorCode(error)}），换一个目录再运行。`);
       process.exit(2);
     }
     process.env[TEST_TIMES_ENV] = times;
@@ -227,7 +232,7 @@ if (process.argv[1] !== undefined && pathToFileURL(path.resolve(process.argv[1])
       try {
         fs.writeFileSync(table, timesTable(times));
       } catch (error) {
-        console.error(`没能写出 ${table}（${(error as NodeJS.ErrnoException).code ?? (error as Error).message}）：测试结果不受影响。`);
+        console.error(`没能写出 ${table}（${errorCode(error)}）：测试结果不受影响。`);
       }
     });
   }
